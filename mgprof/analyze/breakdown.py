@@ -1,0 +1,158 @@
+"""Trace-window totals and per-step figures, exactly as DESIGN.md "Metric definitions" says.
+
+GPU trace (at least one device event):
+  window = first device event start … last device event end; busy = |all device events|;
+  compute = |compute kernels|; comm = |communication kernels|; overlap = |compute ∩ comm|;
+  memcpy = |memcpy ∪ memset|; data loader = |enumerate(DataLoader) spans ∩ window|.
+CPU-only trace (no device events):
+  window W = ∪ ProfilerStep#N spans (first … last complete CPU event when there are none);
+  compute = |main-thread events other than ProfilerStep#N and comm ops, ∩ W| (clipped to W as
+  well, so that no figure can exceed the window); comm = |gloo:* / nccl:* events ∩ W|;
+  busy = |(compute ∪ comm) ∩ W|; overlap = compute + comm − busy (= |compute ∩ comm|).
+Per step, the same rules apply inside each ProfilerStep#N: on a GPU trace a device event belongs
+to the step whose CPU-side launch (runtime call with the same ``correlation``) lies in the span.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mgprof.analyze import intervals as iv
+from mgprof.analyze.intervals import FloatArray
+from mgprof.analyze.trace_load import (
+    KIND_COMM,
+    KIND_COMPUTE,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    RankTrace,
+)
+
+__all__ = ["Breakdown", "cpu_breakdown", "cpu_window", "device_step_index", "gpu_breakdown"]
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Absolute figures in microseconds; ``memcpy_us`` is None on CPU-only traces."""
+
+    window_us: float
+    busy_us: float
+    compute_us: float
+    comm_us: float
+    overlap_us: float
+    memcpy_us: float | None
+    dataloader_us: float | None
+    window_start_us: float
+    window_end_us: float
+
+    @property
+    def idle_us(self) -> float:
+        return max(0.0, self.window_us - self.busy_us)
+
+    @property
+    def exposed_comm_us(self) -> float:
+        return max(0.0, self.comm_us - self.overlap_us)
+
+
+def _sel(rt: RankTrace, mask: np.ndarray) -> tuple[FloatArray, FloatArray]:
+    return rt.dev_start[mask], rt.dev_end[mask]
+
+
+def gpu_breakdown(rt: RankTrace, rows: np.ndarray | None = None) -> Breakdown | None:
+    """DESIGN.md GPU rules over all device events, or over the boolean selection ``rows``."""
+    sel = np.ones(rt.dev_start.size, dtype=bool) if rows is None else rows
+    if not sel.any():
+        return None
+    kind = rt.dev_kind
+    start, end = rt.dev_start[sel], rt.dev_end[sel]
+    lo, hi = float(start.min()), float(end.max())
+    compute = _sel(rt, sel & (kind == KIND_COMPUTE))
+    comm = _sel(rt, sel & (kind == KIND_COMM))
+    memory = _sel(rt, sel & ((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)))
+    dl: float | None = None
+    if rt.dataloader[0].size:
+        dl = iv.union_length(*iv.clip(*rt.dataloader, lo, hi))
+    return Breakdown(
+        window_us=hi - lo,
+        busy_us=iv.union_length(start, end),
+        compute_us=iv.union_length(*compute),
+        comm_us=iv.union_length(*comm),
+        overlap_us=iv.intersection_length(compute, comm),
+        memcpy_us=iv.union_length(*memory),
+        dataloader_us=dl,
+        window_start_us=lo,
+        window_end_us=hi,
+    )
+
+
+def cpu_window(rt: RankTrace) -> tuple[FloatArray, FloatArray]:
+    """W: the union of the ProfilerStep spans, else the span of all complete CPU events."""
+    if rt.steps:
+        return iv.merge(
+            iv.as_array([s.start for s in rt.steps]), iv.as_array([s.end for s in rt.steps])
+        )
+    if rt.cpu_window_all is None:
+        empty = np.empty(0, dtype=np.float64)
+        return empty, empty
+    lo, hi = rt.cpu_window_all
+    return iv.as_array([lo]), iv.as_array([hi])
+
+
+def cpu_comm_intervals(rt: RankTrace) -> tuple[FloatArray, FloatArray]:
+    """The ``gloo:*`` / ``nccl:*`` CPU events of any thread."""
+    return (
+        iv.as_array([op.start for op in rt.cpu_comm_ops]),
+        iv.as_array([op.end for op in rt.cpu_comm_ops]),
+    )
+
+
+def cpu_breakdown(rt: RankTrace, window: tuple[FloatArray, FloatArray]) -> Breakdown | None:
+    """DESIGN.md CPU-only rules inside the window ``window`` (merged intervals)."""
+    ws, we = iv.merge(*window)
+    if ws.size == 0:
+        return None
+    compute = iv.intersect(rt.main_thread, (ws, we))
+    comm = iv.intersect(cpu_comm_intervals(rt), (ws, we))
+    compute_us = iv.union_length(*compute)
+    comm_us = iv.union_length(*comm)
+    busy_us = iv.union_length(
+        np.concatenate((compute[0], comm[0])), np.concatenate((compute[1], comm[1]))
+    )
+    dl: float | None = None
+    if rt.dataloader[0].size:
+        dl = iv.union_length(*iv.intersect(rt.dataloader, (ws, we)))
+    return Breakdown(
+        window_us=float(np.sum(we - ws)),
+        busy_us=busy_us,
+        compute_us=compute_us,
+        comm_us=comm_us,
+        overlap_us=max(0.0, compute_us + comm_us - busy_us),
+        memcpy_us=None,
+        dataloader_us=dl,
+        window_start_us=float(ws[0]),
+        window_end_us=float(we[-1]),
+    )
+
+
+def device_step_index(rt: RankTrace) -> np.ndarray:
+    """For each device event, the index into ``rt.steps`` of its step, or −1.
+
+    The link is the CUDA/HIP correlation id: the kernel's ``args.correlation`` equals that of the
+    runtime call (``cudaLaunchKernel`` …) that launched it, and the step is the ProfilerStep span
+    that contains the launch's timestamp. Events with no launch in the trace stay −1.
+    """
+    out = np.full(rt.dev_start.size, -1, dtype=np.int64)
+    if not rt.steps or rt.launch_corr.size == 0 or rt.dev_start.size == 0:
+        return out
+    pos = np.searchsorted(rt.launch_corr, rt.dev_corr)
+    pos_c = np.minimum(pos, rt.launch_corr.size - 1)
+    found = (rt.dev_corr >= 0) & (rt.launch_corr[pos_c] == rt.dev_corr)
+    launch_ts = rt.launch_ts[pos_c]
+    starts = iv.as_array([s.start for s in rt.steps])
+    ends = iv.as_array([s.end for s in rt.steps])
+    k = np.searchsorted(starts, launch_ts, side="right") - 1
+    k_c = np.maximum(k, 0)
+    inside = found & (k >= 0) & (launch_ts <= ends[k_c])
+    out[inside] = k_c[inside]
+    return out

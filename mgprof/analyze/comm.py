@@ -1,0 +1,378 @@
+"""Collectives: per-type time, exposure, bytes and nccl-tests bandwidth; cross-rank waiting.
+
+Definitions (also returned by name in every result):
+
+- A *collective call* on a GPU trace is one communication kernel (name matches nccl/rccl); on a
+  CPU-only trace it is one ``gloo:*`` / ``nccl:*`` CPU event. Its type comes from the trace's
+  ``Collective name`` arg when present, else from the kernel / op name (``AllReduce`` →
+  ``all_reduce``, ``_allgather_base`` → ``all_gather``, ``SendRecv`` → ``send_recv`` …).
+- ``exposed_us`` of a call = its duration minus the part of it covered by compute (compute
+  kernels on a GPU trace, main-thread compute on a CPU-only trace).
+- ``bytes`` of a call = max(In msg nelems, Out msg nelems) × dtype size, the buffer size
+  nccl-tests uses (the full output of an all-gather, the full input of a reduce-scatter); on a
+  CPU trace, the ``Input Dims`` × ``Input type`` of the gloo op.
+- ``algbw_gbps`` = bytes / time (GB/s, 1e9), ``busbw_gbps`` = algbw × 2(n−1)/n for all-reduce,
+  × (n−1)/n for all-gather, reduce-scatter and all-to-all, × 1 for broadcast, reduce, send/recv
+  (nccl-tests PERFORMANCE.md); n = group size from the args or ``distributedInfo.pg_config``.
+  Where bytes or n are unknown, the figure is None and ``not_applicable`` says why.
+- Cross-rank: calls are matched across ranks by (process group, Seq) when every call has them,
+  else by order within each type. For a matched call, ``transfer_us`` = the shortest duration
+  over the ranks (the part all ranks spend together, when the last one has arrived) and
+  ``wait_us`` on a rank = its duration − transfer_us (time spent waiting for the others). The rank
+  with the least wait in a call arrived last; the *slowest rank* is the one that arrives last most
+  often (ties: the least total wait). Durations are used, not start times, so host clocks that
+  disagree across machines do not matter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from mgprof.analyze import intervals as iv
+from mgprof.analyze.trace_load import KIND_COMM, KIND_COMPUTE, CommArgs, RankTrace, dtype_bytes
+
+__all__ = [
+    "CollectiveCall",
+    "CollectiveStats",
+    "CrossRankCollective",
+    "CrossRankSummary",
+    "RankWait",
+    "busbw_factor",
+    "collective_type",
+    "cpu_collective_calls",
+    "cross_rank",
+    "gpu_collective_calls",
+    "summarize_collectives",
+]
+
+# Order matters: the specific names before their substrings (reduce_scatter before reduce).
+_TYPE_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("allreduce", "all_reduce"),
+    ("allgather", "all_gather"),
+    ("reducescatter", "reduce_scatter"),
+    ("alltoall", "all_to_all"),
+    ("broadcast", "broadcast"),
+    ("bcast", "broadcast"),
+    ("sendrecv", "send_recv"),
+    ("barrier", "barrier"),
+    ("send", "send"),
+    ("recv", "recv"),
+    ("reduce", "reduce"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+)
+_NON_ALNUM = re.compile(r"[^a-z0-9]")
+
+
+def collective_type(name: str) -> str:
+    """Normalise a kernel / op / ``Collective name`` to one type; ``other`` when unknown."""
+    low = name.lower()
+    for prefix in ("nccl:", "gloo:", "c10d::"):
+        low = low.removeprefix(prefix)
+    # Kernel names carry their collective before the argument list.
+    key = _NON_ALNUM.sub("", low.split("(", 1)[0])
+    for needle, kind in _TYPE_PATTERNS:
+        if needle in key:
+            return kind
+    return "other"
+
+
+_FACTORS = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+}
+
+
+def busbw_factor(kind: str, n: int | None) -> float | None:
+    """nccl-tests bus-bandwidth factor, or None when it does not apply / n is unknown."""
+    f = _FACTORS.get(kind)
+    if f is None:
+        return None
+    if kind in ("broadcast", "reduce", "send", "recv", "send_recv"):
+        return 1.0
+    if n is None or n < 1:
+        return None
+    return float(f(n))
+
+
+class CollectiveCall(msgspec.Struct, frozen=True):
+    """One collective call on one rank (kept so ranks can be matched after analysis)."""
+
+    type: str
+    start_us: float
+    dur_us: float
+    exposed_us: float
+    bytes: int | None
+    group_size: int | None
+    pg: str | None
+    seq: str | None
+
+
+class CollectiveStats(msgspec.Struct):
+    """Per-type totals on one rank; bandwidths are total bytes / total time of the type."""
+
+    type: str
+    count: int
+    total_us: float
+    exposed_us: float
+    bytes: int | None
+    group_size: int | None
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    not_applicable: str | None = None
+
+
+def _group_size(rt: RankTrace, ca: CommArgs | None) -> int | None:
+    if ca is not None and ca.group_size:
+        return ca.group_size
+    if ca is not None and ca.pg_name is not None and ca.pg_name in rt.pg_sizes:
+        return rt.pg_sizes[ca.pg_name]
+    sizes = set(rt.pg_sizes.values())
+    if (ca is None or ca.pg_name is None) and len(sizes) == 1:
+        return sizes.pop()  # every process group of the job has this size, so n is certain
+    return None
+
+
+def _nbytes(ca: CommArgs | None) -> int | None:
+    if ca is None:
+        return None
+    size = dtype_bytes(ca.dtype)
+    counts = [c for c in (ca.in_nelems, ca.out_nelems) if c is not None and c >= 0]
+    if size is None or not counts:
+        return None
+    return max(counts) * size
+
+
+def _enclosing_param_comms(rt: RankTrace) -> dict[int, CommArgs]:
+    """Args for comm kernels that lack them: the ``record_param_comms`` span around the launch."""
+    rows = [r for r in np.flatnonzero(rt.dev_kind == KIND_COMM).tolist() if r not in rt.comm_args]
+    if not rows or not rt.param_comms or rt.launch_corr.size == 0:
+        return {}
+    by_tid: dict[str, list[tuple[float, float, CommArgs]]] = {}
+    for tid, s, e, ca in rt.param_comms:
+        by_tid.setdefault(tid, []).append((s, e, ca))
+    for spans in by_tid.values():
+        spans.sort(key=lambda x: x[0])
+    out: dict[int, CommArgs] = {}
+    for r in rows:
+        corr = int(rt.dev_corr[r])
+        i = int(np.searchsorted(rt.launch_corr, corr))
+        if corr < 0 or i >= rt.launch_corr.size or rt.launch_corr[i] != corr:
+            continue
+        ts, tid = float(rt.launch_ts[i]), rt.launch_tid[i]
+        spans = by_tid.get(tid, [])
+        starts = [s for s, _e, _c in spans]
+        j = int(np.searchsorted(starts, ts, side="right")) - 1
+        while j >= 0:  # innermost enclosing span: the latest start whose end covers ts
+            s, e, ca = spans[j]
+            if e >= ts:
+                out[r] = ca
+                break
+            j -= 1
+            if ts - s > 1e7:  # spans are short; stop scanning far back
+                break
+    return out
+
+
+def gpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
+    """Every communication kernel as a call, exposure measured against compute kernels."""
+    rows = np.flatnonzero(rt.dev_kind == KIND_COMM)
+    if rows.size == 0:
+        return []
+    compute = (
+        rt.dev_start[rt.dev_kind == KIND_COMPUTE],
+        rt.dev_end[rt.dev_kind == KIND_COMPUTE],
+    )
+    starts, ends = rt.dev_start[rows], rt.dev_end[rows]
+    covered = iv.covered_within(starts, ends, compute)
+    extra = _enclosing_param_comms(rt)
+    calls = []
+    for k, r in enumerate(rows.tolist()):
+        ca = rt.comm_args.get(r) or extra.get(r)
+        name = rt.kernel_names[int(rt.dev_name[r])]
+        kind = collective_type(ca.collective) if ca and ca.collective else "other"
+        if kind == "other":
+            kind = collective_type(name)
+        dur = float(ends[k] - starts[k])
+        calls.append(
+            CollectiveCall(
+                type=kind,
+                start_us=float(starts[k]),
+                dur_us=dur,
+                exposed_us=max(0.0, dur - float(covered[k])),
+                bytes=_nbytes(ca),
+                group_size=_group_size(rt, ca),
+                pg=ca.pg_name if ca else None,
+                seq=ca.seq if ca else None,
+            )
+        )
+    return calls
+
+
+def cpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
+    """Every ``gloo:*`` / ``nccl:*`` CPU event as a call, exposure against main-thread compute."""
+    if not rt.cpu_comm_ops:
+        return []
+    starts = iv.as_array([op.start for op in rt.cpu_comm_ops])
+    ends = iv.as_array([op.end for op in rt.cpu_comm_ops])
+    covered = iv.covered_within(starts, ends, rt.main_thread)
+    # A gloo op names no process group; n is known only when every group has the same size.
+    n = _group_size(rt, None)
+    return [
+        CollectiveCall(
+            type=collective_type(op.name),
+            start_us=op.start,
+            dur_us=op.end - op.start,
+            exposed_us=max(0.0, (op.end - op.start) - float(covered[k])),
+            bytes=op.nbytes,
+            group_size=n,
+            pg=None,
+            seq=None,
+        )
+        for k, op in enumerate(rt.cpu_comm_ops)
+    ]
+
+
+def summarize_collectives(calls: Sequence[CollectiveCall]) -> list[CollectiveStats]:
+    """Per-type totals and bandwidths, largest total time first."""
+    by_type: dict[str, list[CollectiveCall]] = {}
+    for c in calls:
+        by_type.setdefault(c.type, []).append(c)
+    out = []
+    for kind, group in by_type.items():
+        total = sum(c.dur_us for c in group)
+        exposed = sum(c.exposed_us for c in group)
+        sizes = {c.group_size for c in group}
+        n = sizes.pop() if len(sizes) == 1 else None
+        nbytes: int | None = None
+        reason: str | None = None
+        algbw = busbw = None
+        if any(c.bytes is None for c in group):
+            reason = "the trace does not record the message size of every call"
+        else:
+            nbytes = sum(c.bytes or 0 for c in group)
+        if reason is None and total <= 0:
+            reason = "calls have zero duration"
+        if reason is None and nbytes is not None:
+            algbw = nbytes / (total * 1e-6) / 1e9
+            factor = busbw_factor(kind, n)
+            if factor is None:
+                if kind not in _FACTORS:
+                    reason = f"nccl-tests defines no bus bandwidth for {kind}"
+                else:
+                    reason = "group size unknown (not in the args or distributedInfo.pg_config)"
+            else:
+                busbw = algbw * factor
+        out.append(
+            CollectiveStats(
+                type=kind,
+                count=len(group),
+                total_us=total,
+                exposed_us=exposed,
+                bytes=nbytes,
+                group_size=n,
+                algbw_gbps=algbw,
+                busbw_gbps=busbw,
+                not_applicable=reason,
+            )
+        )
+    out.sort(key=lambda s: -s.total_us)
+    return out
+
+
+class RankWait(msgspec.Struct):
+    """One rank's share of cross-rank waiting."""
+
+    rank: int
+    wait_us: float
+    last_arrivals: int
+
+
+class CrossRankCollective(msgspec.Struct):
+    """Matched calls of one type across ranks."""
+
+    type: str
+    matched: int
+    transfer_us: float
+    wait_us_by_rank: dict[str, float]
+
+
+class CrossRankSummary(msgspec.Struct):
+    """Cross-rank matching result (see module docstring for each definition)."""
+
+    ranks: list[int]
+    match_key: str
+    matched_calls: int
+    unmatched_calls: int
+    per_type: list[CrossRankCollective]
+    per_rank: list[RankWait]
+    slowest_rank: int | None
+
+
+def _keys(calls: Sequence[CollectiveCall], by_seq: bool) -> dict[tuple[str, str, str], int]:
+    out: dict[tuple[str, str, str], int] = {}
+    counters: dict[str, int] = {}
+    for i, c in enumerate(calls):
+        if by_seq:
+            out[(c.type, c.pg or "", c.seq or "")] = i
+        else:
+            k = counters.get(c.type, 0)
+            counters[c.type] = k + 1
+            out[(c.type, "", str(k))] = i
+    return out
+
+
+def cross_rank(per_rank: dict[int, Sequence[CollectiveCall]]) -> CrossRankSummary | None:
+    """Match calls across ranks and split each into transfer and waiting (module docstring)."""
+    ranks = sorted(per_rank)
+    if len(ranks) < 2:
+        return None
+    by_seq = all(c.seq is not None for r in ranks for c in per_rank[r]) and any(
+        per_rank[r] for r in ranks
+    )
+    keyed = {r: _keys(sorted(per_rank[r], key=lambda c: c.start_us), by_seq) for r in ranks}
+    ordered = {r: sorted(per_rank[r], key=lambda c: c.start_us) for r in ranks}
+    common = set.intersection(*(set(k) for k in keyed.values()))
+    total_calls = sum(len(v) for v in per_rank.values())
+    wait = {r: 0.0 for r in ranks}
+    last = {r: 0 for r in ranks}
+    per_type: dict[str, tuple[int, float, dict[int, float]]] = {}
+    for key in sorted(common):
+        durs = {r: ordered[r][keyed[r][key]].dur_us for r in ranks}
+        transfer = min(durs.values())
+        waits = {r: durs[r] - transfer for r in ranks}
+        if max(waits.values()) > 0:
+            last[min(ranks, key=lambda r: waits[r])] += 1
+        n, t, w = per_type.get(key[0], (0, 0.0, {r: 0.0 for r in ranks}))
+        for r in ranks:
+            wait[r] += waits[r]
+            w[r] += waits[r]
+        per_type[key[0]] = (n + 1, t + transfer, w)
+    slowest = None
+    if common and any(last.values()):
+        slowest = max(ranks, key=lambda r: (last[r], -wait[r]))
+    return CrossRankSummary(
+        ranks=ranks,
+        match_key="process group + Seq" if by_seq else "order within each collective type",
+        matched_calls=len(common),
+        unmatched_calls=total_calls - len(common) * len(ranks),
+        per_type=[
+            CrossRankCollective(
+                type=k, matched=n, transfer_us=t, wait_us_by_rank={str(r): w[r] for r in ranks}
+            )
+            for k, (n, t, w) in sorted(per_type.items())
+        ],
+        per_rank=[RankWait(rank=r, wait_us=wait[r], last_arrivals=last[r]) for r in ranks],
+        slowest_rank=slowest,
+    )

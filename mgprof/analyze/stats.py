@@ -1,0 +1,61 @@
+"""Small, pure summary statistics used by the run analysis.
+
+Kept free of numpy so ``mgprof report`` runs anywhere; the percentile follows numpy's default
+(``method="linear"``) exactly, so a figure can be checked with ``numpy.percentile``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+
+def mean(values: Iterable[float]) -> float:
+    """Arithmetic mean; ``ValueError`` on no values (a silent 0 would be a made-up number)."""
+    total = 0.0
+    count = 0
+    for value in values:
+        total += value
+        count += 1
+    if count == 0:
+        raise ValueError("mean of no values")
+    return total / count
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) by linear interpolation between closest ranks.
+
+    Definition (numpy's default ``linear`` method, Hyndman & Fan type 7): sort the n values
+    ``x[0] <= ... <= x[n-1]``, take the position ``h = (n - 1) * q / 100`` and return
+    ``x[floor(h)] + (h - floor(h)) * (x[floor(h) + 1] - x[floor(h)])``.
+    """
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 100.0 or math.isnan(q):
+        raise ValueError(f"percentile q must be within 0..100, got {q}")
+    ordered = sorted(values)
+    h = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(h)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo])
+
+
+def ratio_pct(part: float, whole: float) -> float | None:
+    """``100 * part / whole``, or None when ``whole`` is not positive (no meaningful share)."""
+    if whole <= 0.0:
+        return None
+    return 100.0 * part / whole
+
+
+def spread_pct(values: Sequence[float]) -> float | None:
+    """How much larger the largest value is than the smallest, in percent of the smallest.
+
+    Used for the step-time spread across ranks: 100 * (max - min) / min. None for fewer than two
+    values or a non-positive minimum.
+    """
+    if len(values) < 2:
+        return None
+    low = min(values)
+    if low <= 0.0:
+        return None
+    return 100.0 * (max(values) - low) / low

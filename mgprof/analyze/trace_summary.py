@@ -1,0 +1,377 @@
+"""The public trace-analysis API: one rank's file → :class:`RankTraceSummary`, a folder → a job.
+
+Results are msgspec Structs (``msgspec.to_builtins`` turns them into JSON-ready dicts). Every
+figure that does not apply is None and ``not_applicable`` gives the reason; ``definitions`` names
+the definition of each figure so it can be set beside HTA's or the TensorBoard plugin's.
+Ranks are analysed one at a time (or one per worker process), and each worker returns only its
+summary, so memory stays bounded by one rank's trace per process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from mgprof.analyze import breakdown as bd
+from mgprof.analyze.comm import (
+    CollectiveCall,
+    CollectiveStats,
+    CrossRankSummary,
+    cpu_collective_calls,
+    cross_rank,
+    gpu_collective_calls,
+    summarize_collectives,
+)
+from mgprof.analyze.kernels import FlopFacts, KernelStat, TensorCoreFacts, flop_facts, top_kernels
+from mgprof.analyze.trace_load import RankTrace, load_trace
+from mgprof.errors import TraceError
+
+__all__ = [
+    "DEFINITIONS",
+    "JobTraceSummary",
+    "RankTraceSummary",
+    "StepSummary",
+    "TraceTotals",
+    "analyze_job",
+    "analyze_trace_file",
+    "find_trace_files",
+]
+
+_GPU = "DESIGN.md GPU rule"
+_CPU = "DESIGN.md CPU-only rule"
+DEFINITIONS: dict[str, dict[str, str]] = {
+    "gpu": {
+        "window_us": f"first device event start … last device event end ({_GPU})",
+        "busy_pct": f"100*|all device events|/window ({_GPU}; HTA get_temporal_breakdown)",
+        "idle_pct": "100*(window − busy)/window (HTA idle_time_pctg)",
+        "compute_pct": "100*|compute kernels (kernels not matching nccl|rccl)|/window",
+        "comm_pct": "100*|communication kernels (name matches nccl|rccl)|/window",
+        "comm_overlap_pct": "100*|compute ∩ comm|/comm (HTA get_comm_comp_overlap)",
+        "exposed_comm_pct": "100*(comm − |compute ∩ comm|)/window",
+        "memcpy_pct": "100*|memcpy ∪ memset device events|/window",
+        "dataloader_pct": "100*|enumerate(DataLoader)#* spans ∩ window|/window",
+        "steps": "device events belong to the ProfilerStep#N containing their launch "
+        "(runtime call with the same correlation id); same rules inside each step",
+        "top_kernels.pct_of_compute": "100*summed kernel duration/summed duration of all "
+        "compute kernels",
+        "flops.achieved_tflops": "Σ args.flops of CPU ops / window (torch.profiler with_flops)",
+        "collectives": "one call per communication kernel; see mgprof.analyze.comm",
+    },
+    "cpu": {
+        "window_us": f"|∪ ProfilerStep#N spans| (whole trace when there are none) ({_CPU})",
+        "busy_pct": "100*|compute ∪ comm|/window",
+        "idle_pct": "100*(window − busy)/window",
+        "compute_pct": "100*|main-thread complete events except ProfilerStep#N and comm ops "
+        "(gloo:*, nccl:*, c10d::*, record_param_comms), clipped to the window|/window; "
+        "main thread = thread of ProfilerStep#N (busiest thread without steps)",
+        "comm_pct": "100*|gloo:* and nccl:* complete events on any thread ∩ window|/window",
+        "comm_overlap_pct": "100*|compute ∩ comm|/comm",
+        "exposed_comm_pct": "100*(comm − |compute ∩ comm|)/window",
+        "memcpy_pct": "not applicable: no device events",
+        "dataloader_pct": "100*|enumerate(DataLoader)#* spans ∩ window|/window",
+        "steps": "same rules with the window = the ProfilerStep#N span",
+        "top_kernels.pct_of_compute": "not applicable: no kernels",
+        "flops.achieved_tflops": "Σ args.flops of CPU ops / window (torch.profiler with_flops)",
+        "collectives": "one call per gloo:*/nccl:* CPU event; see mgprof.analyze.comm",
+    },
+}
+DEFINITIONS_COMMON = {
+    "collectives.busbw_gbps": "nccl-tests: algbw×2(n−1)/n all-reduce, ×(n−1)/n all-gather, "
+    "reduce-scatter, all-to-all, ×1 broadcast/reduce/send/recv; algbw = bytes/time",
+    "collectives.exposed_us": "call duration minus the part covered by compute",
+    "cross_rank.transfer_us": "per matched call: shortest duration over the ranks",
+    "cross_rank.wait_us": "per rank and matched call: its duration − transfer_us",
+    "slowest_rank": "the rank that arrives last (least wait) in the most matched calls",
+}
+
+
+class TraceTotals(msgspec.Struct):
+    """Trace-window totals of one rank (or one step); ``*_pct`` are percent of the window."""
+
+    window_us: float | None
+    busy_pct: float | None
+    idle_pct: float | None
+    compute_pct: float | None
+    comm_pct: float | None
+    comm_overlap_pct: float | None
+    exposed_comm_pct: float | None
+    busy_us: float | None
+    idle_us: float | None
+    compute_us: float | None
+    comm_us: float | None
+    overlap_us: float | None
+    exposed_comm_us: float | None
+    memcpy_us: float | None
+    memcpy_pct: float | None
+    dataloader_us: float | None
+    dataloader_pct: float | None
+
+
+class StepSummary(msgspec.Struct):
+    """One ProfilerStep#N: CPU span length and the totals inside it."""
+
+    step: int
+    cpu_duration_us: float
+    device_events: int
+    totals: TraceTotals
+
+
+class RankTraceSummary(msgspec.Struct):
+    """Everything mgprof reports about one rank's trace file."""
+
+    rank: int | None
+    rank_source: str
+    world_size: int | None
+    backend: str | None
+    source: str
+    kind: str
+    events: int
+    device_events: int
+    skipped_device_events: int
+    devices: list[dict[str, object]]
+    totals: TraceTotals
+    steps: list[StepSummary]
+    collectives: list[CollectiveStats]
+    collective_calls: list[CollectiveCall]
+    top_kernels: list[KernelStat]
+    tensor_cores: TensorCoreFacts
+    flops: FlopFacts
+    not_applicable: dict[str, str]
+    definitions: dict[str, str]
+
+
+class JobTraceSummary(msgspec.Struct):
+    """All ranks of one folder, plus the cross-rank collective comparison."""
+
+    directory: str
+    ranks: list[RankTraceSummary]
+    cross_rank: CrossRankSummary | None
+    slowest_rank: int | None
+    not_applicable: dict[str, str]
+    definitions: dict[str, str]
+
+
+def _pct(x: float | None, window: float) -> float | None:
+    return None if x is None or window <= 0 else 100.0 * x / window
+
+
+def _totals(b: bd.Breakdown | None, na: dict[str, str], prefix: str = "") -> TraceTotals:
+    """Turn absolute figures into the contract's totals, recording every None with a reason."""
+    if b is None:
+        for key in TraceTotals.__struct_fields__:
+            na.setdefault(prefix + key, "no events in this window")
+        return TraceTotals(*([None] * len(TraceTotals.__struct_fields__)))
+    w = b.window_us
+    if w <= 0:
+        for key in TraceTotals.__struct_fields__:
+            if key.endswith("_pct"):
+                na.setdefault(prefix + key, "the trace window is zero long")
+    overlap_pct = None
+    if b.comm_us > 0:
+        overlap_pct = 100.0 * b.overlap_us / b.comm_us
+    else:
+        na.setdefault(prefix + "comm_overlap_pct", "no communication in the window (comm = 0)")
+    if b.memcpy_us is None:
+        na.setdefault(prefix + "memcpy_us", "CPU-only trace: no device memory copies")
+        na.setdefault(prefix + "memcpy_pct", "CPU-only trace: no device memory copies")
+    if b.dataloader_us is None:
+        reason = "no enumerate(DataLoader)#* spans in the trace"
+        na.setdefault(prefix + "dataloader_us", reason)
+        na.setdefault(prefix + "dataloader_pct", reason)
+    return TraceTotals(
+        window_us=w,
+        busy_pct=_pct(b.busy_us, w),
+        idle_pct=_pct(b.idle_us, w),
+        compute_pct=_pct(b.compute_us, w),
+        comm_pct=_pct(b.comm_us, w),
+        comm_overlap_pct=overlap_pct,
+        exposed_comm_pct=_pct(b.exposed_comm_us, w),
+        busy_us=b.busy_us,
+        idle_us=b.idle_us,
+        compute_us=b.compute_us,
+        comm_us=b.comm_us,
+        overlap_us=b.overlap_us,
+        exposed_comm_us=b.exposed_comm_us,
+        memcpy_us=b.memcpy_us,
+        memcpy_pct=_pct(b.memcpy_us, w),
+        dataloader_us=b.dataloader_us,
+        dataloader_pct=_pct(b.dataloader_us, w),
+    )
+
+
+def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
+    if not rt.steps:
+        na["steps"] = "no ProfilerStep#N spans (trace recorded without a profiler schedule)"
+        return []
+    out = []
+    step_of = bd.device_step_index(rt) if rt.has_device_events else None
+    if step_of is not None and not (step_of >= 0).any():
+        na["steps"] = "no device event correlates with a launch inside a ProfilerStep#N span"
+    for k, step in enumerate(rt.steps):
+        step_na: dict[str, str] = {}
+        if step_of is not None:
+            rows = step_of == k
+            b = bd.gpu_breakdown(rt, rows)
+            n = int(rows.sum())
+        else:
+            b = bd.cpu_breakdown(rt, (np.asarray([step.start]), np.asarray([step.end])))
+            n = 0
+        out.append(StepSummary(step.number, step.end - step.start, n, _totals(b, step_na)))
+    return out
+
+
+def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
+    """Analyse one rank's trace (see the module docstring); TraceError on bad input."""
+    rt = load_trace(path)
+    na: dict[str, str] = {}
+    kind = "gpu" if rt.has_device_events else "cpu"
+    if kind == "gpu":
+        b = bd.gpu_breakdown(rt)
+        calls = gpu_collective_calls(rt)
+    else:
+        b = bd.cpu_breakdown(rt, bd.cpu_window(rt))
+        calls = cpu_collective_calls(rt)
+    totals = _totals(b, na)
+    steps = _steps(rt, na)
+    collectives = summarize_collectives(calls)
+    if not collectives:
+        na["collectives"] = (
+            "no communication kernels (nccl/rccl) in the trace"
+            if kind == "gpu"
+            else "no gloo:*/nccl:* events in the trace"
+        )
+    kernels, tc = top_kernels(rt, top)
+    if kind == "cpu":
+        na["top_kernels"] = "CPU-only trace: no kernels"
+        na["tensor_cores"] = "CPU-only trace: no kernels"
+    elif tc.tensor_core_kernels == 0 and tc.fp32_gemm_kernels == 0:
+        na["tensor_cores"] = "no kernel name matches the tensor-core or FP32-GEMM pattern lists"
+    flops = flop_facts(rt, totals.window_us)
+    if flops.total_flops is None:
+        na["flops"] = "no CPU op carries args.flops (profile with with_flops=True)"
+    if rt.rank is None:
+        na["rank"] = "no distributedInfo.rank and no rank in the file name"
+    if rt.skipped_device_events:
+        na["skipped_device_events"] = (
+            f"{rt.skipped_device_events} device events had a missing or negative dur and were "
+            "left out of every figure"
+        )
+    definitions = dict(DEFINITIONS[kind])
+    definitions.update(DEFINITIONS_COMMON)
+    return RankTraceSummary(
+        rank=rt.rank,
+        rank_source=rt.rank_source,
+        world_size=rt.world_size,
+        backend=rt.backend,
+        source=str(rt.path),
+        kind=kind,
+        events=rt.n_events,
+        device_events=int(rt.dev_start.size),
+        skipped_device_events=rt.skipped_device_events,
+        devices=rt.device_properties,
+        totals=totals,
+        steps=steps,
+        collectives=collectives,
+        collective_calls=calls,
+        top_kernels=kernels,
+        tensor_cores=tc,
+        flops=flops,
+        not_applicable=na,
+        definitions=definitions,
+    )
+
+
+_PATTERNS = ("*.json", "*.json.gz")
+
+
+def _traces_in(folder: Path) -> list[Path]:
+    found: set[Path] = set()
+    for pattern in _PATTERNS:
+        found.update(p for p in folder.glob(pattern) if p.is_file())
+    return sorted(found)
+
+
+def find_trace_files(paths: Iterable[str | Path]) -> dict[str, list[Path]]:
+    """Group trace files by folder: a folder's ``*.json[.gz]`` (else its ``traces/``), or files.
+
+    Each folder is taken to hold one job's ranks, as torch.profiler's tensorboard handler writes
+    them; a folder with no trace raises TraceError, as does a path that does not exist.
+    """
+    groups: dict[str, list[Path]] = {}
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            files = _traces_in(p) or (_traces_in(p / "traces") if (p / "traces").is_dir() else [])
+            if not files:
+                raise TraceError(
+                    f"{p}: folder holds no *.json or *.json.gz trace (nor does {p / 'traces'}); "
+                    "pass the folder torch.profiler wrote"
+                )
+            groups.setdefault(str(files[0].parent), []).extend(files)
+        elif p.is_file():
+            groups.setdefault(str(p.parent), []).append(p)
+        else:
+            raise TraceError(f"{p}: no such file or folder; check the path")
+    return {k: sorted(set(v)) for k, v in groups.items()}
+
+
+def _one_job(ranks: list[RankTraceSummary]) -> str | None:
+    """Why the ranks cannot be compared as one job, or None when they can."""
+    if len(ranks) < 2:
+        return "one rank only"
+    ids = [r.rank for r in ranks]
+    if any(i is None for i in ids):
+        return "some files have no rank (no distributedInfo.rank, no rank in the file name)"
+    if len(set(ids)) != len(ids):
+        return "two files claim the same rank, so they are not one job"
+    sizes = {r.world_size for r in ranks if r.world_size is not None}
+    if len(sizes) > 1:
+        return "files disagree on world_size, so they are not one job"
+    if len({r.kind for r in ranks}) > 1:
+        return "GPU and CPU-only traces mixed, so collectives cannot be matched"
+    return None
+
+
+def analyze_job(
+    files: Sequence[str | Path], top: int = 10, workers: int | None = None
+) -> JobTraceSummary:
+    """Analyse every rank file, then match collectives across ranks.
+
+    With several files and ``workers`` > 1 (default: CPU count), ranks are analysed in worker
+    processes that return only their summaries.
+    """
+    paths = [Path(f) for f in files]
+    if not paths:
+        raise TraceError("no trace files given; pass a trace file or a folder of them")
+    n_workers = min(len(paths), workers if workers is not None else (os.cpu_count() or 1))
+    if n_workers > 1:
+        with ProcessPoolExecutor(max_workers=n_workers) as pool:
+            ranks = list(pool.map(analyze_trace_file, paths, [top] * len(paths)))
+    else:
+        ranks = [analyze_trace_file(p, top) for p in paths]
+    ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.source))
+    na: dict[str, str] = {}
+    why_not = _one_job(ranks)
+    summary: CrossRankSummary | None = None
+    if why_not is None:
+        summary = cross_rank({int(r.rank or 0): r.collective_calls for r in ranks})
+        if summary is None or summary.matched_calls == 0:
+            why_not = "no collective call could be matched across the ranks"
+    if why_not is not None:
+        na["cross_rank"] = why_not
+    slowest = summary.slowest_rank if summary is not None else None
+    if slowest is None:
+        na["slowest_rank"] = why_not or "every matched call took equally long on every rank"
+    return JobTraceSummary(
+        directory=str(paths[0].parent),
+        ranks=ranks,
+        cross_rank=summary if why_not is None else None,
+        slowest_rank=slowest,
+        not_applicable=na,
+        definitions=dict(DEFINITIONS_COMMON),
+    )

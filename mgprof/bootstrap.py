@@ -1,0 +1,161 @@
+"""Run an unmodified training script under automatic instrumentation (``mgprof analyze``).
+
+``python -m mgprof.bootstrap SCRIPT [ARGS...]`` (each torchrun worker runs this) installs global
+hooks, then runs SCRIPT as ``__main__``:
+
+- an optimizer step-post hook marks step boundaries (the first optimizer seen is the clock, so
+  several optimizers or gradient accumulation still give one step per update);
+- the DataLoader iterator is timed (stalls) and its batches give the batch size;
+- ``torch.distributed.destroy_process_group`` first lets the session send its record to rank 0;
+- after ``MGPROF_WARMUP + MGPROF_STEPS`` steps the session ends and the script is stopped.
+
+A script that opens its own ``mgprof.profile``/``profile_step`` session is not instrumented
+twice. The script's exit code, output and traceback are its own.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+STEPS_ENV = "MGPROF_STEPS"
+WARMUP_ENV = "MGPROF_WARMUP"
+ACTIVE_ENV = "MGPROF_ACTIVE"
+
+
+class StepLimitReached(SystemExit):
+    """Raised from the optimizer hook once the requested steps are measured (exit code 0)."""
+
+
+class AutoInstrument:
+    """The automatic session's wiring: hooks in, session on demand, clean end."""
+
+    def __init__(self, warmup: int, steps: int | None, active: int) -> None:
+        self.warmup = warmup
+        self.steps = steps
+        self.active = active
+        self.session: Any = None
+        self.clock_optimizer: int | None = None
+        self._handles: list[Any] = []
+
+    def install(self) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
+        if dist.is_available():
+            original = dist.destroy_process_group
+
+            def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+                if not args and not kwargs.get("group"):
+                    self.finish()  # send records while the group still exists
+                return original(*args, **kwargs)
+
+            dist.destroy_process_group = destroy_process_group
+        # Facts set before the first update (set_epoch, DDP arguments) need the hooks early.
+        from mgprof.collect import hooks
+
+        hooks.install(None)
+        _ = torch
+
+    def _ensure_session(self) -> tuple[Any, bool]:
+        """The automatic session (created at the first update) and whether it is new."""
+        from mgprof.collect.session import Session, active_session, explicit_session_started
+
+        if explicit_session_started():
+            return None, False
+        current = active_session()
+        if current is not None and not current.auto:
+            return None, False
+        if self.session is not None:
+            return self.session, False
+        skip = max(self.warmup - 1, 0)
+        warm = 1 if self.warmup >= 1 else 0
+        self.session = Session(auto=True, skip=skip, warmup=warm, active=self.active)
+        self.session.start()  # step 0 runs from this update to the next
+        return self.session, True
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        key = id(optimizer)
+        if self.clock_optimizer is None:
+            self.clock_optimizer = key
+        elif key != self.clock_optimizer:
+            return
+        session, created = self._ensure_session()
+        if session is None or created:
+            return
+        session.auto_step()
+        if self.steps is not None and session.steps_done >= self.warmup + self.steps:
+            self.finish()
+            raise StepLimitReached(0)
+
+    def finish(self, error: str | None = None) -> None:
+        if self.session is not None and not self.session._closed:
+            self.session.stop(error=error)
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else None
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print("usage: python -m mgprof.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    script = Path(args[0])
+    auto = AutoInstrument(
+        warmup=_env_int(WARMUP_ENV) or 0,
+        steps=_env_int(STEPS_ENV),
+        active=_env_int(ACTIVE_ENV) or 3,
+    )
+    try:
+        auto.install()
+    except Exception as exc:  # fail open: the script runs uninstrumented
+        print(f"mgprof: instrumentation disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
+    signal.signal(signal.SIGTERM, _sigterm)
+    sys.argv = [str(script), *args[1:]]
+    sys.path.insert(0, str(script.resolve().parent))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except StepLimitReached:
+        auto.finish()
+        return 0
+    except SystemExit as exc:
+        code = exc.code
+        failed = code not in (None, 0)
+        auto.finish(error=f"exited with code {code}" if failed else None)
+        _finish_explicit(f"exited with code {code}" if failed else None)
+        raise
+    except BaseException as exc:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        auto.finish(error=text.strip().splitlines()[-1] + "\n" + text)
+        _finish_explicit(text)
+        traceback.print_exc()
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    auto.finish()
+    return 0
+
+
+def _finish_explicit(error: str | None) -> None:
+    """A script's own session still open when it fails: close it with the error noted."""
+    from mgprof.collect.session import active_session
+
+    current = active_session()
+    if current is not None and not current.auto:
+        current.stop(error=error)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The ``mgprof`` command line: parse arguments, call the library, map errors to exit codes.
+
+Each subcommand lives in ``mgprof/commands/<name>.py`` with ``register(subparsers)`` and
+``run(args) -> int``; this module holds no logic of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from mgprof import __version__
+from mgprof.errors import UsageError
+
+COMMANDS = ("analyze", "compare", "sweep", "trace", "report", "view", "doctor")
+LAUNCHING = ("analyze", "compare", "sweep")
+"""Commands that run a script: everything after ``--`` belongs to the script."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad flags in one line with exit code 2 (its default code)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"mgprof: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mgprof", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"mgprof {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"mgprof.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"mgprof.commands.{name}":
+                continue  # command not built into this version
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if argv and argv[0] in LAUNCHING and "--" in argv:
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1 :]
+    args = parser.parse_args(argv)
+    if passthrough:
+        args.script_args = passthrough
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"mgprof {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"mgprof {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,71 @@
+"""The in-code surfaces: ``profile`` (context manager), ``profile_step`` (decorator), ``region``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar, overload
+
+from torch.profiler import record_function
+
+from mgprof.collect.session import Session, active_session, lazy_session
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def profile(**kwargs: Any) -> Session:
+    """Profile a training loop: ``with mgprof.profile(out="mgprof-runs") as prof:``.
+
+    Call ``prof.step(batch=...)`` once per iteration (or use ``with prof.step(batch):``).
+    Options: ``out`` (parent folder of run directories), ``name``, ``skip``/``warmup``/``active``
+    (the trace schedule, in steps), ``trace``, ``sample``, ``sample_interval_s``,
+    ``record_shapes``, ``profile_memory``, ``with_flops``, ``with_stack``, ``strategy``.
+    """
+    return Session(**kwargs)
+
+
+@overload
+def profile_step(fn: F) -> F: ...
+@overload
+def profile_step(fn: None = None, **kwargs: Any) -> Callable[[F], F]: ...
+
+
+def profile_step(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+    """Decorate a step function: each call is one profiled step.
+
+    The session opens on the first call and closes when the process exits. The batch size
+    comes from the first tensor among the arguments (or ``batch_arg="name"`` picks one).
+    """
+    batch_arg = kwargs.pop("batch_arg", None)
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            session = lazy_session(**kwargs)
+            batch = kw.get(batch_arg) if batch_arg else (args, kw)
+            with session.step(batch=batch):
+                return f(*args, **kw)
+
+        return wrapper
+
+    return decorate(fn) if fn is not None else decorate
+
+
+@contextmanager
+def region(name: str) -> Iterator[None]:
+    """A named region: shows in traces (record_function) and in the report's region timings."""
+    session = active_session()
+    if session is None or not session._running:
+        with record_function(name):
+            yield
+        return
+    start = session._clock.mark()
+    try:
+        with record_function(name):
+            yield
+    finally:
+        try:
+            session.add_region(name, start, session._clock.mark())
+        except Exception as exc:
+            session.failopen.report("region", exc)

@@ -1,0 +1,119 @@
+"""Process-wide hooks that observe how a script trains, without changing what it does.
+
+Installed while a session runs: DataLoader iteration is timed (data-loading stalls), and a few
+facts are noted for the findings (loader workers, pin_memory, DistributedSampler and set_epoch,
+autocast, DDP's find_unused_parameters and bucket size). Each patch calls the original first
+or last and swallows its own errors, so the script's behaviour is unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DistributedSampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from mgprof.records import TrainingFacts
+
+if TYPE_CHECKING:
+    from mgprof.collect.session import Session
+
+_facts: dict[str, Any] = {}
+_owner: Session | None = None
+_originals: dict[str, Any] = {}
+
+
+def training_facts() -> TrainingFacts:
+    """What the hooks observed so far in this process."""
+    return TrainingFacts(
+        **{k: v for k, v in _facts.items() if k in TrainingFacts.__struct_fields__}
+    )
+
+
+def _timed_next(self: Any) -> Any:
+    start = time.perf_counter()
+    batch = None
+    try:
+        batch = _originals["next"](self)
+        return batch
+    finally:
+        owner = _owner
+        if owner is not None:
+            try:
+                owner.add_dataloader_wait((time.perf_counter() - start) * 1000.0)
+                if batch is not None:
+                    owner.note_batch(batch)
+                if "dataloader_num_workers" not in _facts:
+                    _facts["dataloader_num_workers"] = int(getattr(self, "_num_workers", 0))
+                    _facts["dataloader_pin_memory"] = bool(getattr(self, "_pin_memory", False))
+                    sampler = getattr(getattr(self, "_index_sampler", None), "sampler", None)
+                    _facts["distributed_sampler"] = isinstance(sampler, DistributedSampler)
+                    if _facts["distributed_sampler"]:
+                        _facts.setdefault("set_epoch_called", False)
+            except Exception:
+                pass
+
+
+def _set_epoch(self: Any, epoch: int) -> None:
+    _facts["set_epoch_called"] = True
+    _originals["set_epoch"](self, epoch)
+
+
+def _autocast_enter(self: Any) -> Any:
+    try:
+        if getattr(self, "_enabled", True):
+            _facts["autocast_used"] = True
+    except Exception:
+        pass
+    return _originals["autocast_enter"](self)
+
+
+def _ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    _originals["ddp_init"](self, *args, **kwargs)
+    try:
+        _facts["find_unused_parameters"] = bool(getattr(self, "find_unused_parameters", False))
+        cap = kwargs.get("bucket_cap_mb")
+        _facts["ddp_bucket_cap_mb"] = float(cap) if cap is not None else 25.0
+    except Exception:
+        pass
+
+
+def note_fact(name: str, value: Any) -> None:
+    """Record a fact observed elsewhere (``mgprof.wrap`` knows DDP's arguments directly)."""
+    _facts[name] = value
+
+
+def install(session: Session | None) -> None:
+    """Patch the hooks in (once per process) and route timings to ``session`` (None: facts only)."""
+    global _owner
+    _owner = session
+    if _originals:
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    _originals["next"] = _BaseDataLoaderIter.__next__
+    _originals["set_epoch"] = DistributedSampler.set_epoch
+    _originals["autocast_enter"] = torch.autocast.__enter__
+    _originals["ddp_init"] = DistributedDataParallel.__init__
+    _BaseDataLoaderIter.__next__ = _timed_next  # type: ignore[method-assign]
+    DistributedSampler.set_epoch = _set_epoch  # type: ignore[method-assign]
+    torch.autocast.__enter__ = _autocast_enter  # type: ignore[method-assign]
+    DistributedDataParallel.__init__ = _ddp_init  # type: ignore[method-assign]
+
+
+def uninstall(session: Session) -> None:
+    """Restore the originals when ``session`` is the one that installed them."""
+    global _owner
+    if _owner is not session:
+        return
+    _owner = None
+    if not _originals:
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    _BaseDataLoaderIter.__next__ = _originals.pop("next")  # type: ignore[method-assign]
+    DistributedSampler.set_epoch = _originals.pop("set_epoch")  # type: ignore[method-assign]
+    torch.autocast.__enter__ = _originals.pop("autocast_enter")  # type: ignore[method-assign]
+    DistributedDataParallel.__init__ = _originals.pop("ddp_init")  # type: ignore[method-assign]

@@ -1,0 +1,110 @@
+"""``mgprof analyze SCRIPT --gpus N``: run a script under mgprof and print its report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from mgprof.errors import UsageError
+
+
+def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags shared by the commands that launch a script (analyze, compare, sweep)."""
+    p.add_argument("script", metavar="SCRIPT", help="training script to run")
+    p.set_defaults(script_args=[])  # filled by the CLI from everything after "--"
+    p.add_argument("--gpus", type=int, default=1, help="GPUs (or CPU ranks without CUDA) per node")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="measure K steps after warm-up, then stop the script (default: run to end)",
+    )
+    p.add_argument("--warmup", type=int, default=2, help="steps before measuring (default: 2)")
+    p.add_argument(
+        "--trace-steps",
+        type=int,
+        default=3,
+        dest="active",
+        help="steps traced by torch.profiler after warm-up (default: 3)",
+    )
+    p.add_argument("--out", default="mgprof-runs", help="parent folder of run directories")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    multi = p.add_argument_group("multi-node (passed to torchrun)")
+    multi.add_argument("--nnodes", type=int, default=1)
+    multi.add_argument("--node-rank", type=int, default=0)
+    multi.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
+    multi.add_argument("--rdzv-backend", default="c10d")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "analyze",
+        usage="mgprof analyze SCRIPT --gpus N [options] [-- SCRIPT_ARGS]",
+        help="run a training script under mgprof (single, DataParallel or DDP) and report",
+        description="Run SCRIPT under mgprof with N GPUs (N CPU ranks over gloo without CUDA), "
+        "trace a few steps, sample the devices, and print the report.",
+    )
+    add_launch_arguments(p)
+    p.add_argument(
+        "--strategy",
+        choices=["single", "dp", "ddp"],
+        default=None,
+        help="default: ddp when --gpus > 1, else single",
+    )
+    p.add_argument(
+        "--format",
+        choices=["term", "json", "md"],
+        default="term",
+        help="report printed at the end (default: term)",
+    )
+    p.set_defaults(func=run)
+
+
+def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
+    from mgprof.launch import LaunchConfig
+
+    return LaunchConfig(
+        script=Path(args.script),
+        script_args=list(args.script_args),
+        gpus=args.gpus,
+        strategy=strategy,
+        steps=args.steps,
+        warmup=args.warmup,
+        active=args.active,
+        out=Path(args.out),
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_backend=args.rdzv_backend,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from mgprof.launch import launch
+    from mgprof.report.progress import LaunchProgress
+    from mgprof.runreport import finish_run, print_report
+
+    config = launch_config(args, args.strategy)
+    if config.node_rank > 0 and config.nnodes > 1:
+        print(
+            f"mgprof: node {config.node_rank}: records go to rank 0's node; "
+            "its launcher writes the report",
+            file=sys.stderr,
+        )
+    with LaunchProgress(enabled=not args.quiet, total=_total(args)) as progress:
+        result = launch(config, on_progress=progress.update)
+    if config.node_rank > 0:
+        return result.exit_code
+    run_record, analysis = finish_run(result.run_dir, result.run)
+    print_report(run_record, analysis, result.run_dir, args.format)
+    return result.exit_code
+
+
+def _total(args: argparse.Namespace) -> int | None:
+    if args.steps is None:
+        return None
+    if args.steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    return args.warmup + args.steps

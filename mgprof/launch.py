@@ -1,0 +1,310 @@
+"""Launch a script under mgprof: torchrun for DDP, one process for DataParallel or single.
+
+Launching many processes is torchrun's job (``torch.distributed.run``): mgprof builds its command
+line, passes multi-node flags straight through, shows progress from the workers' counters, and
+afterwards completes the run directory (status, exit code, ranks that never reported).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+from mgprof import rundir
+from mgprof.collect.progress import PROGRESS_ENV, read_progress
+from mgprof.errors import UsageError
+from mgprof.records import RunRecord, read_run
+
+STRATEGIES = ("single", "dp", "ddp")
+STDERR_TAIL_LINES = 40
+
+
+@dataclass(kw_only=True)
+class LaunchConfig:
+    """What to run and how; validated in ``__post_init__`` so bad flags fail before any run."""
+
+    script: Path
+    script_args: list[str] = field(default_factory=list)
+    gpus: int = 1
+    strategy: str | None = None
+    steps: int | None = None
+    warmup: int = 2
+    active: int = 3
+    out: Path = Path(rundir.DEFAULT_ROOT)
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_backend: str = "c10d"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    run_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.script.exists():
+            raise UsageError(f"script {self.script} not found; give the path to a Python file")
+        if not self.script.is_file():
+            raise UsageError(f"{self.script} is not a file; give the path to a Python script")
+        if self.gpus < 1:
+            raise UsageError(f"--gpus must be at least 1, got {self.gpus}")
+        if self.steps is not None and self.steps < 1:
+            raise UsageError(f"--steps must be at least 1, got {self.steps}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be 0 or more, got {self.warmup}")
+        if self.active < 1:
+            raise UsageError(f"--trace-steps must be at least 1, got {self.active}")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(
+                f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1} (--nnodes)"
+            )
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise UsageError(
+                "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)"
+            )
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES)}")
+
+
+@dataclass
+class Plan:
+    """The resolved launch: strategy, device kind, processes per node, and why."""
+
+    strategy: str
+    cuda: bool
+    nproc_per_node: int
+    world_size: int
+    backend: str | None
+    cpu_fallback_reason: str | None
+
+
+def cuda_device_count() -> int:
+    """Visible CUDA devices, without creating a CUDA context in the launcher."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def plan(config: LaunchConfig, device_count: int | None = None) -> Plan:
+    """Decide strategy and devices; raise UsageError before anything starts if it cannot work."""
+    count = cuda_device_count() if device_count is None else device_count
+    strategy = config.strategy or ("ddp" if config.gpus > 1 or config.nnodes > 1 else "single")
+    if strategy == "single" and config.gpus > 1:
+        raise UsageError("--strategy single runs one device; use --gpus 1 or --strategy ddp|dp")
+    if strategy == "dp" and config.nnodes > 1:
+        raise UsageError("DataParallel runs in one process on one node; use --strategy ddp")
+    if count == 0:
+        if strategy == "dp":
+            raise UsageError(
+                "DataParallel needs CUDA GPUs and none is visible; on CPU use --strategy ddp "
+                "(gloo ranks) or --strategy single"
+            )
+        return Plan(
+            strategy=strategy,
+            cuda=False,
+            nproc_per_node=config.gpus if strategy == "ddp" else 1,
+            world_size=config.gpus * config.nnodes if strategy == "ddp" else 1,
+            backend="gloo" if strategy == "ddp" else None,
+            cpu_fallback_reason=(
+                f"no CUDA device visible: {config.gpus} CPU rank(s) over gloo stand in for GPUs; "
+                "NVML and DataParallel figures do not apply"
+                if strategy == "ddp"
+                else "no CUDA device visible: running on the CPU"
+            ),
+        )
+    if count < config.gpus:
+        raise UsageError(
+            f"--gpus {config.gpus} asked for, but only {count} CUDA device(s) are visible "
+            "(check CUDA_VISIBLE_DEVICES or lower --gpus)"
+        )
+    return Plan(
+        strategy=strategy,
+        cuda=True,
+        nproc_per_node=config.gpus if strategy == "ddp" else 1,
+        world_size=config.gpus * config.nnodes if strategy == "ddp" else 1,
+        backend="nccl" if strategy == "ddp" else None,
+        cpu_fallback_reason=None,
+    )
+
+
+def worker_command(config: LaunchConfig, p: Plan) -> list[str]:
+    """The command line: torchrun for DDP (multi-node flags passed through), else python."""
+    boot = ["-m", "mgprof.bootstrap", str(config.script), *config.script_args]
+    if p.strategy != "ddp":
+        return [sys.executable, *boot]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={p.nproc_per_node}"]
+    if config.nnodes == 1 and not config.rdzv_endpoint:
+        cmd.append("--standalone")
+    else:
+        cmd += [
+            f"--nnodes={config.nnodes}",
+            f"--node-rank={config.node_rank}",
+            f"--rdzv-endpoint={config.rdzv_endpoint}",
+            f"--rdzv-backend={config.rdzv_backend}",
+        ]
+        if config.rdzv_backend == "static":
+            host, _, port = (config.rdzv_endpoint or "").rpartition(":")
+            cmd += [f"--master-addr={host}", f"--master-port={port}"]
+    return [*cmd, *boot]
+
+
+def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            rundir.RUN_DIR_ENV: str(run_dir.resolve()),
+            PROGRESS_ENV: str((run_dir / ".progress").resolve()),
+            "MGPROF_STRATEGY": p.strategy,
+            "MGPROF_GPUS": str(config.gpus),
+            "MGPROF_WARMUP": str(config.warmup),
+            "MGPROF_ACTIVE": str(config.active),
+            "MGPROF_NNODES": str(config.nnodes),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if config.steps is not None:
+        env["MGPROF_STEPS"] = str(config.steps)
+    if not p.cuda:
+        env.setdefault("OMP_NUM_THREADS", "1")  # N CPU ranks share the cores: no oversubscription
+    env.update(config.extra_env)
+    return env
+
+
+@dataclass
+class LaunchResult:
+    run_dir: Path
+    run: RunRecord
+    exit_code: int
+    plan: Plan
+
+
+ProgressCallback = Callable[[dict[int, int]], None]
+
+
+class _Tail:
+    """Forward a child's stream to ours, keeping its last lines for the run record."""
+
+    def __init__(self, src: IO[bytes], dst: IO[bytes], keep: int) -> None:
+        self.lines: list[str] = []
+        self._keep = keep
+        self._thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
+        self._thread.start()
+
+    def _pump(self, src: IO[bytes], dst: IO[bytes]) -> None:
+        for raw in iter(src.readline, b""):
+            try:
+                dst.write(raw)
+                dst.flush()
+            except (OSError, ValueError):
+                pass
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line and not line.startswith("USDT:"):
+                self.lines.append(line)
+                del self.lines[: -self._keep]
+
+    def join(self) -> None:
+        self._thread.join(timeout=5)
+
+
+def launch(config: LaunchConfig, on_progress: ProgressCallback | None = None) -> LaunchResult:
+    """Run the script under mgprof and complete its run directory. Returns the script's code."""
+    p = plan(config)
+    run_dir = rundir.new_run_dir(config.out, config.run_name or config.script.stem)
+    initial = RunRecord(
+        run_id=run_dir.name,
+        created_utc=rundir.utc_iso(),
+        script=str(config.script),
+        script_args=list(config.script_args),
+        strategy=p.strategy,
+        world_size=p.world_size,
+        nnodes=config.nnodes,
+        backend=p.backend,
+        cpu_fallback=not p.cuda,
+        cpu_fallback_reason=p.cpu_fallback_reason,
+        status="running",
+    )
+    rundir.write_run(run_dir, initial)
+    cmd = worker_command(config, p)
+    env = worker_env(config, p, run_dir)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    out_tail = _Tail(proc.stdout, sys.stdout.buffer, 5)  # type: ignore[arg-type]
+    err_tail = _Tail(proc.stderr, sys.stderr.buffer, STDERR_TAIL_LINES)  # type: ignore[arg-type]
+    interrupted = False
+    try:
+        while proc.poll() is None:
+            if on_progress is not None:
+                on_progress(read_progress(run_dir / ".progress"))
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        interrupted = True
+        _stop_group(proc, signal.SIGINT)
+    out_tail.join()
+    err_tail.join()
+    code = proc.wait()
+    if on_progress is not None:
+        on_progress(read_progress(run_dir / ".progress"))
+    run = finalize(run_dir, initial, code, err_tail.lines, interrupted)
+    return LaunchResult(run_dir=run_dir, run=run, exit_code=130 if interrupted else code, plan=p)
+
+
+def _stop_group(proc: subprocess.Popen[bytes], sig: int, grace_s: float = 20.0) -> None:
+    """Pass Ctrl-C to the workers, then insist: the launcher never hangs on a stuck rank."""
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def finalize(
+    run_dir: Path, initial: RunRecord, code: int, stderr_tail: list[str], interrupted: bool
+) -> RunRecord:
+    """Merge what the ranks left (gathered run.json or per-rank partials) and set the status."""
+    try:
+        run = read_run(run_dir)
+    except UsageError:
+        run = initial
+    run = msgspec.structs.replace(run, world_size=initial.world_size)
+    run = rundir.merge_ranks(run, rundir.read_partials(run_dir))
+    rank_errors = [f"rank {r.rank}: {r.error.splitlines()[0]}" for r in run.ranks if r.error]
+    error = None
+    if interrupted:
+        error = "interrupted (Ctrl-C)"
+    elif code != 0:
+        last = stderr_tail[-1] if stderr_tail else ""
+        error = f"script exited with code {code}" + (f": {last}" if last else "")
+    elif rank_errors:
+        error = rank_errors[0]
+    if run.missing_ranks and error is None:
+        error = f"no record from rank(s) {', '.join(map(str, run.missing_ranks))}"
+    if not run.ranks and error is None:
+        error = "the script made no optimizer step and opened no mgprof session: nothing measured"
+    status = "complete" if error is None else "incomplete"
+    run = msgspec.structs.replace(
+        run,
+        status=status,
+        error=error,
+        exit_code=code,
+        strategy=initial.strategy,
+        world_size=initial.world_size,
+        nnodes=initial.nnodes,
+        backend=run.backend or initial.backend,
+        cpu_fallback=initial.cpu_fallback,
+        cpu_fallback_reason=initial.cpu_fallback_reason,
+        script=initial.script,
+        script_args=initial.script_args,
+    )
+    rundir.write_run(run_dir, run)
+    return run

@@ -1,0 +1,205 @@
+"""Plain, versioned records of what a run measured: one ``RankRecord`` per rank, one ``RunRecord``.
+
+Records are msgspec Structs: JSON-serialisable, validated on decode (a run.json is untrusted input,
+never unpickled), and importable without torch so a saved run can be analysed anywhere.
+Units are in the field names (``_ms``, ``_mib``, ``_w``, ``_j``, ``_s``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from mgprof.errors import RunRecordError
+
+SCHEMA_VERSION = 1
+"""Bump when a field changes meaning or is removed; adding optional fields keeps the version."""
+
+
+class Struct(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """Base for all records: keyword-only, tolerant of fields added by newer minor versions."""
+
+
+class DeviceInfo(Struct):
+    """The device a rank ran on. ``kind`` is ``cuda`` or ``cpu``."""
+
+    kind: Literal["cuda", "cpu"]
+    index: int | None = None
+    name: str | None = None
+    total_memory_mib: float | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    capability: str | None = None
+
+
+class StepRecord(Struct):
+    """One training step as the step timer saw it."""
+
+    index: int
+    duration_ms: float
+    batch_size: int | None = None
+    fingerprint: str | None = None
+    """Cheap hash of a few values of the batch: equal across ranks means identical data."""
+    traced: bool = False
+    dataloader_ms: float | None = None
+    """Time spent waiting for the next batch from a DataLoader before this step, when timed."""
+
+
+class RegionRecord(Struct):
+    """Totals of one ``mgprof.region(name)`` across the steps of a rank."""
+
+    name: str
+    count: int
+    total_ms: float
+    max_ms: float
+
+
+class DeviceSamples(Struct):
+    """Time series of one device's sampler readings, columnar (one list per metric)."""
+
+    device: str
+    """``cuda:N`` (CUDA index in this process) or ``cpu``."""
+    t_s: list[float] = msgspec.field(default_factory=list)
+    columns: dict[str, list[float | None]] = msgspec.field(default_factory=dict)
+    summary: dict[str, float | None] = msgspec.field(default_factory=dict)
+    """mean/max of each column plus derived figures (e.g. ``energy_j`` over the run)."""
+    facts: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Static facts from the sampler: NVML uuid, bus id, name, power limit, throttle reasons."""
+
+
+class SamplerRecord(Struct):
+    """Which sampler ran on a rank, why, and what it saw."""
+
+    kind: Literal["nvml", "cpu", "none"]
+    reason: str = ""
+    """Why this sampler: e.g. ``NVML not available: NVMLError_LibraryNotFound``."""
+    interval_s: float | None = None
+    devices: list[DeviceSamples] = msgspec.field(default_factory=list)
+    errors: list[str] = msgspec.field(default_factory=list)
+
+
+class MemoryRecord(Struct):
+    """Peak memory of a rank. CUDA fields are None on CPU and vice versa."""
+
+    kind: Literal["cuda", "cpu"]
+    peak_allocated_mib: float | None = None
+    peak_reserved_mib: float | None = None
+    total_mib: float | None = None
+    peak_rss_mib: float | None = None
+    per_device: dict[str, dict[str, float | None]] = msgspec.field(default_factory=dict)
+    """For DataParallel: ``cuda:N`` -> peak allocated/reserved, to show rank-0 imbalance."""
+
+
+class TrainingFacts(Struct):
+    """Facts about how the script trains, observed by hooks; None when not observed."""
+
+    dataloader_num_workers: int | None = None
+    dataloader_pin_memory: bool | None = None
+    distributed_sampler: bool | None = None
+    set_epoch_called: bool | None = None
+    find_unused_parameters: bool | None = None
+    autocast_used: bool | None = None
+    ddp_bucket_cap_mb: float | None = None
+
+
+class RankRecord(Struct):
+    """Everything one rank measured."""
+
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    host: str = ""
+    pid: int = 0
+    strategy: str = "single"
+    backend: str | None = None
+    device: DeviceInfo = msgspec.field(default_factory=lambda: DeviceInfo(kind="cpu"))
+    devices_used: int = 1
+    steps: list[StepRecord] = msgspec.field(default_factory=list)
+    regions: list[RegionRecord] = msgspec.field(default_factory=list)
+    sampler: SamplerRecord = msgspec.field(default_factory=lambda: SamplerRecord(kind="none"))
+    memory: MemoryRecord | None = None
+    training: TrainingFacts = msgspec.field(default_factory=TrainingFacts)
+    traces: list[str] = msgspec.field(default_factory=list)
+    """Trace files relative to the run directory."""
+    versions: dict[str, str | None] = msgspec.field(default_factory=dict)
+    warnings: list[str] = msgspec.field(default_factory=list)
+    """Fail-open notes: what broke inside mgprof while the training went on."""
+    error: str | None = None
+
+
+class RunRecord(Struct):
+    """One run: all ranks gathered on rank 0, plus what the launcher knows."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str = ""
+    created_utc: str = ""
+    script: str | None = None
+    script_args: list[str] = msgspec.field(default_factory=list)
+    strategy: str = "single"
+    world_size: int = 1
+    nnodes: int = 1
+    backend: str | None = None
+    cpu_fallback: bool = False
+    cpu_fallback_reason: str | None = None
+    status: Literal["complete", "incomplete", "running"] = "complete"
+    error: str | None = None
+    exit_code: int | None = None
+    ranks: list[RankRecord] = msgspec.field(default_factory=list)
+    missing_ranks: list[int] = msgspec.field(default_factory=list)
+    analysis: dict[str, Any] | None = None
+    """Results of ``mgprof.analyze`` on this run (trace figures, findings), filled after the run."""
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_run(run: RunRecord) -> bytes:
+    """run.json bytes, pretty enough to diff (msgspec output re-indented)."""
+    return msgspec.json.format(_encoder.encode(run), indent=1)
+
+
+def decode_run(data: bytes, source: str = "run.json") -> RunRecord:
+    """Parse and validate run.json bytes; any problem becomes one ``RunRecordError`` line."""
+    try:
+        head = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise RunRecordError(f"{source} is not valid JSON ({exc}); is it a run.json?") from None
+    if not isinstance(head, dict) or "schema_version" not in head:
+        raise RunRecordError(f"{source} has no schema_version: not an mgprof run.json")
+    version = head.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RunRecordError(f"{source}: schema_version {version!r} is not an integer")
+    if version > SCHEMA_VERSION:
+        raise RunRecordError(
+            f"{source} has schema_version {version}, newer than this mgprof understands "
+            f"({SCHEMA_VERSION}); upgrade with 'pip install -U mgprof'"
+        )
+    if version < 1:
+        raise RunRecordError(f"{source}: unknown schema_version {version}")
+    try:
+        return msgspec.convert(head, RunRecord)
+    except msgspec.ValidationError as exc:
+        raise RunRecordError(f"{source} does not match the run.json schema: {exc}") from None
+
+
+def read_run(path: str | Path) -> RunRecord:
+    """Load a run.json file or the run.json inside a run directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "run.json"
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise RunRecordError(
+            f"{p} not found; give a run directory made by 'mgprof analyze' or its run.json"
+        ) from None
+    except OSError as exc:
+        raise RunRecordError(f"cannot read {p}: {exc.strerror}") from None
+    return decode_run(data, str(p))
+
+
+def to_builtins(obj: Any) -> Any:
+    """Plain dict/list form of a record (for JSON reports)."""
+    return msgspec.to_builtins(obj)

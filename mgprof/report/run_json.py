@@ -1,0 +1,20 @@
+"""JSON rendering of a run report: the run.json schema with ``analysis`` filled in.
+
+Same schema as run.json, so ``mgprof report --format json`` output can be read back with
+``read_run``/``decode_run`` and re-rendered, diffed or fed to other tools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from mgprof.records import RunRecord, encode_run
+
+
+def run_to_json(run: RunRecord, analysis: Mapping[str, Any]) -> str:
+    """The RunRecord with ``analysis`` replaced by the given one, as indented JSON text."""
+    filled = msgspec.structs.replace(run, analysis=dict(analysis))
+    return encode_run(filled).decode("utf-8") + "\n"

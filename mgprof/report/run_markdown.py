@@ -1,0 +1,83 @@
+"""GitHub-flavoured Markdown rendering of a run report (``mgprof report --format md``).
+
+Names from traces are untrusted: ``|`` would split a table cell and ``<``/``>``/``&`` could inject
+HTML where Markdown is rendered (GitHub, MkDocs), so every cell is escaped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mgprof.records import RunRecord
+from mgprof.report.run_sections import Section, Table, build_sections, definitions
+
+_ESCAPES = {
+    "&": "&amp;",
+    "<": "&lt;",
+    ">": "&gt;",
+    "|": "\\|",
+    "\\": "\\\\",
+    "`": "\\`",
+    "*": "\\*",
+    "_": "\\_",
+    "[": "\\[",
+    "]": "\\]",
+}
+
+
+def escape_md(text: str) -> str:
+    """Text that renders literally in a GFM table cell or paragraph (one line, no HTML)."""
+    out = "".join(_ESCAPES.get(ch, ch) for ch in text)
+    return " ".join(out.splitlines())
+
+
+def _table(table: Table) -> list[str]:
+    lines = [
+        "| " + " | ".join(escape_md(c) for c in table.columns) + " |",
+        "|"
+        + "|".join("---" if i < table.numeric_from else "---:" for i in range(len(table.columns)))
+        + "|",
+    ]
+    lines.extend("| " + " | ".join(escape_md(c) for c in row) + " |" for row in table.rows)
+    return lines
+
+
+def _section(section: Section) -> list[str]:
+    lines = [f"## {escape_md(section.title)}", ""]
+    if section.notice:
+        lines += [f"> **CPU fallback:** {escape_md(section.notice)}", ""]
+    if section.facts:
+        lines += ["| | |", "|---|---|"]
+        lines += [f"| {escape_md(k)} | {escape_md(v)} |" for k, v in section.facts]
+        lines.append("")
+    for table in section.tables:
+        lines += [*_table(table), ""]
+    for f in section.findings:
+        lines.append(f"- **{escape_md(f.get('severity', ''))}** {escape_md(f.get('title', ''))}")
+        if f.get("evidence"):
+            lines.append(f"  - evidence: {escape_md(f['evidence'])}")
+        if f.get("change"):
+            lines.append(f"  - change: {escape_md(f['change'])}")
+    if section.findings:
+        lines.append("")
+    for note in section.notes:
+        lines += [escape_md(note), ""]
+    if section.footnotes:
+        lines += [f"- {escape_md(n)}" for n in section.footnotes]
+        lines.append("")
+    return lines
+
+
+def run_to_markdown(run: RunRecord, analysis: Mapping[str, Any]) -> str:
+    """The run report as one Markdown document (same sections as the terminal report)."""
+    title = escape_md(run.run_id or run.script or "run")
+    lines = [f"# mgprof report: {title}", ""]
+    for section in build_sections(run, analysis):
+        lines += _section(section)
+    defs = definitions(analysis)
+    if defs:
+        lines += ["## Definitions", ""]
+        lines += [f"- **{escape_md(name)}**: {escape_md(text)}" for name, text in defs]
+        lines.append("")
+    return "\n".join(lines)

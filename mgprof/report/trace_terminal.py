@@ -1,0 +1,174 @@
+"""Render a :class:`JobTraceSummary`: a rich terminal summary, or the ``--json`` document.
+
+Rendering only: every number comes from :mod:`mgprof.analyze.trace_summary`; a figure that does
+not apply is printed as "n/a" and its reason is listed under the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from mgprof.analyze.trace_summary import JobTraceSummary, RankTraceSummary, TraceTotals
+
+__all__ = ["JSON_SCHEMA_VERSION", "job_to_json", "jobs_to_json", "render_job"]
+
+JSON_SCHEMA_VERSION = 1
+_TOTAL_KEYS = (
+    "window_us",
+    "busy_pct",
+    "idle_pct",
+    "compute_pct",
+    "comm_pct",
+    "comm_overlap_pct",
+    "exposed_comm_pct",
+)
+
+
+def _rank_json(r: RankTraceSummary) -> dict[str, Any]:
+    """One rank: the contract's totals at the top level, then the details.
+
+    ``collective_calls`` (one entry per call, used for cross-rank matching) is left out: it can
+    hold thousands of entries and the per-type ``collectives`` already sum it.
+    """
+    totals = msgspec.to_builtins(r.totals)
+    out: dict[str, Any] = {"rank": r.rank, "source": r.source, "kind": r.kind}
+    out.update({k: totals[k] for k in _TOTAL_KEYS})
+    out.update({k: v for k, v in totals.items() if k not in _TOTAL_KEYS})
+    body = msgspec.to_builtins(r)
+    for key in ("rank", "source", "kind", "totals", "collective_calls"):
+        body.pop(key, None)
+    out.update(body)
+    return out
+
+
+def job_to_json(job: JobTraceSummary) -> dict[str, Any]:
+    """The JSON object of one job (folder): ranks, cross-rank result, reasons and definitions."""
+    return {
+        "directory": job.directory,
+        "ranks": [_rank_json(r) for r in job.ranks],
+        "cross_rank": msgspec.to_builtins(job.cross_rank),
+        "slowest_rank": job.slowest_rank,
+        "not_applicable": dict(job.not_applicable),
+        "definitions": dict(job.definitions),
+    }
+
+
+def jobs_to_json(jobs: Sequence[JobTraceSummary]) -> dict[str, Any]:
+    """The whole ``mgprof trace --json`` document (always a list of jobs, one per folder)."""
+    return {"schema_version": JSON_SCHEMA_VERSION, "jobs": [job_to_json(j) for j in jobs]}
+
+
+def _fmt(v: float | None, unit: str = "%") -> str:
+    if v is None:
+        return "n/a"
+    if unit == "ms":
+        return f"{v / 1000:.2f}"
+    return f"{v:.1f}"
+
+
+def _totals_row(label: str, kind: str, t: TraceTotals) -> list[str]:
+    return [
+        label,
+        kind,
+        _fmt(t.window_us, "ms"),
+        _fmt(t.busy_pct),
+        _fmt(t.idle_pct),
+        _fmt(t.compute_pct),
+        _fmt(t.comm_pct),
+        _fmt(t.comm_overlap_pct),
+        _fmt(t.exposed_comm_pct),
+        _fmt(t.memcpy_pct),
+        _fmt(t.dataloader_pct),
+    ]
+
+
+def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
+    """Print the per-rank totals, collectives, top kernels and the not-applicable notes."""
+    console.rule(f"[bold]mgprof trace[/] {job.directory}")
+    table = Table(title="Trace-window totals (percent of window)", header_style="bold")
+    for col in (
+        "rank",
+        "kind",
+        "window ms",
+        "busy",
+        "idle",
+        "compute",
+        "comm",
+        "comm overlap",
+        "exposed comm",
+        "memcpy",
+        "data loader",
+    ):
+        table.add_column(col, justify="right" if col not in ("kind",) else "left")
+    for r in job.ranks:
+        table.add_row(*_totals_row(str(r.rank if r.rank is not None else "?"), r.kind, r.totals))
+    console.print(table)
+
+    coll = Table(title="Collectives", header_style="bold")
+    for col in (
+        "rank",
+        "type",
+        "count",
+        "total ms",
+        "exposed ms",
+        "MB",
+        "n",
+        "algbw GB/s",
+        "busbw GB/s",
+    ):
+        if col == "type":
+            coll.add_column(col, no_wrap=True, min_width=14)
+        else:
+            coll.add_column(col, justify="right")
+    for r in job.ranks:
+        for c in r.collectives:
+            coll.add_row(
+                str(r.rank),
+                c.type,
+                str(c.count),
+                _fmt(c.total_us, "ms"),
+                _fmt(c.exposed_us, "ms"),
+                f"{c.bytes / 1e6:.1f}" if c.bytes is not None else "n/a",
+                str(c.group_size) if c.group_size is not None else "n/a",
+                f"{c.algbw_gbps:.2f}" if c.algbw_gbps is not None else "n/a",
+                f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "n/a",
+            )
+    if coll.row_count:
+        console.print(coll)
+
+    if job.cross_rank is not None:
+        waits = Table(title=f"Cross-rank waiting (matched by {job.cross_rank.match_key})")
+        for col in ("rank", "wait ms", "arrived last"):
+            waits.add_column(col, justify="right")
+        for w in job.cross_rank.per_rank:
+            waits.add_row(str(w.rank), _fmt(w.wait_us, "ms"), str(w.last_arrivals))
+        console.print(waits)
+        if job.slowest_rank is not None:
+            console.print(f"Slowest rank: [bold]{job.slowest_rank}[/] (arrives last most often)")
+
+    for r in job.ranks:
+        if not r.top_kernels:
+            continue
+        kt = Table(title=f"Top kernels, rank {r.rank}", header_style="bold")
+        for col in ("kernel", "class", "calls", "total ms", "% of compute"):
+            if col == "kernel":
+                kt.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
+            else:
+                kt.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
+        for k in r.top_kernels[:top]:
+            kt.add_row(k.name, k.kind, str(k.count), _fmt(k.total_us, "ms"), _fmt(k.pct_of_compute))
+        console.print(kt)
+
+    notes = [
+        f"rank {r.rank}: {key}: {why}" for r in job.ranks for key, why in r.not_applicable.items()
+    ]
+    notes += [f"job: {key}: {why}" for key, why in job.not_applicable.items()]
+    if notes:
+        console.print("[bold]Not applicable[/]")
+        for note in notes:
+            console.print(f"  • {note}", highlight=False)

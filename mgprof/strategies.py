@@ -1,0 +1,162 @@
+"""``mgprof.wrap``: one line puts a model under single device, DataParallel or DDP.
+
+The launcher chooses the strategy (``MGPROF_STRATEGY``) so one script runs unchanged under each;
+``strategy=`` overrides it. The process group is initialised from torchrun's environment when
+needed: gloo on CPU, NCCL on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+STRATEGY_ENV = "MGPROF_STRATEGY"
+BATCH_SIZE_ENV = "MGPROF_BATCH_SIZE"
+STRATEGIES = ("single", "dp", "ddp")
+
+_dp_device_ids: list[int] | None = None
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def _gpu_limit(available: int) -> int:
+    """How many GPUs DataParallel may use: ``mgprof analyze --gpus N`` caps it at N."""
+    try:
+        return max(1, min(available, int(os.environ.get("MGPROF_GPUS", available))))
+    except ValueError:
+        return available
+
+
+def chosen_strategy(strategy: str | None = None) -> str:
+    """Explicit argument, else the launcher's choice, else DDP under torchrun, else single."""
+    choice = strategy or os.environ.get(STRATEGY_ENV)
+    if choice is None:
+        choice = "ddp" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "single"
+    if choice not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {choice!r}")
+    return choice
+
+
+def device() -> torch.device:
+    """The device this process should put its model and batches on."""
+    if torch.cuda.is_available():
+        if chosen_strategy() == "ddp":
+            return torch.device("cuda", _local_rank() % torch.cuda.device_count())
+        return torch.device("cuda", 0 if _dp_device_ids is None else _dp_device_ids[0])
+    return torch.device("cpu")
+
+
+def devices_in_use(strategy: str | None = None) -> list[int]:
+    """CUDA indices this process drives (all DP devices, or its own); [] on CPU."""
+    if not torch.cuda.is_available():
+        return []
+    try:
+        choice = chosen_strategy(strategy)
+    except ValueError:
+        choice = "single"
+    if choice == "dp":
+        return list(_dp_device_ids or range(_gpu_limit(torch.cuda.device_count())))
+    if choice == "ddp":
+        return [_local_rank() % torch.cuda.device_count()]
+    return [torch.cuda.current_device()]
+
+
+def init_process_group() -> None:
+    """Initialise the default group from torchrun's environment if it is not up yet."""
+    if dist.is_initialized():
+        return
+    if "MASTER_ADDR" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise RuntimeError(
+            "DDP needs a process group: launch with 'mgprof analyze --gpus N' or torchrun"
+        )
+    if torch.cuda.is_available():
+        torch.cuda.set_device(_local_rank() % torch.cuda.device_count())
+        dist.init_process_group(backend="nccl", device_id=torch.device("cuda", _local_rank()))
+    else:
+        dist.init_process_group(backend="gloo")
+
+
+def wrap(
+    model: nn.Module,
+    strategy: str | None = None,
+    device_ids: list[int] | None = None,
+    **ddp_kwargs: Any,
+) -> nn.Module:
+    """Return ``model`` on the right device under the chosen strategy.
+
+    ``single``: moved to the device. ``dp``: ``nn.DataParallel`` over ``device_ids`` (all
+    visible GPUs by default). ``ddp``: ``DistributedDataParallel`` on this rank's device, the
+    process group initialised from torchrun's environment when needed. Extra keyword arguments
+    go to DDP (``bucket_cap_mb``, ``find_unused_parameters``, ...).
+    """
+    global _dp_device_ids
+    choice = chosen_strategy(strategy)
+    if choice == "dp":
+        if not torch.cuda.is_available():
+            warnings.warn(
+                "mgprof.wrap: DataParallel needs CUDA devices; running on a single CPU device",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return model
+        ids = device_ids or list(range(_gpu_limit(torch.cuda.device_count())))
+        _dp_device_ids = ids
+        return nn.DataParallel(model.to(torch.device("cuda", ids[0])), device_ids=ids)
+    if choice == "ddp":
+        init_process_group()
+        from torch.nn.parallel import DistributedDataParallel
+
+        from mgprof.collect import hooks
+
+        hooks.note_fact("find_unused_parameters", bool(ddp_kwargs.get("find_unused_parameters")))
+        hooks.note_fact("ddp_bucket_cap_mb", float(ddp_kwargs.get("bucket_cap_mb", 25.0)))
+        if torch.cuda.is_available():
+            dev = device()
+            ids = device_ids or [dev.index]
+            return DistributedDataParallel(model.to(dev), device_ids=ids, **ddp_kwargs)
+        return DistributedDataParallel(model, **ddp_kwargs)
+    return model.to(device())
+
+
+def seed_everything(seed: int, per_rank: bool = True) -> int:
+    """Seed Python, NumPy (if present) and torch; with ``per_rank`` each rank gets seed + rank.
+
+    Distinct seeds per rank keep data augmentation and dropout independent across ranks, as the
+    multi-GPU guides advise; model initialisation stays identical because DDP broadcasts rank 0's
+    parameters at construction. Returns the seed used on this rank.
+    """
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    used = seed + rank if per_rank else seed
+    random.seed(used)
+    try:
+        import numpy as np
+
+        np.random.seed(used % (2**32))
+    except ImportError:
+        pass
+    torch.manual_seed(used)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(used)
+    return used
+
+
+def batch_size(default: int) -> int:
+    """The batch size for this run: the launcher's trial value (``mgprof sweep``) or ``default``."""
+    value = os.environ.get(BATCH_SIZE_ENV)
+    if value is None:
+        return default
+    try:
+        size = int(value)
+    except ValueError:
+        raise ValueError(f"{BATCH_SIZE_ENV}={value!r} is not an integer") from None
+    if size < 1:
+        raise ValueError(f"{BATCH_SIZE_ENV} must be >= 1, got {size}")
+    return size
