@@ -6,8 +6,12 @@ hooks, then runs SCRIPT as ``__main__``:
 - an optimizer step-post hook marks step boundaries (the first optimizer seen is the clock, so
   several optimizers or gradient accumulation still give one step per update);
 - the DataLoader iterator is timed (stalls) and its batches give the batch size;
-- ``torch.distributed.destroy_process_group`` first lets the session send its record to rank 0;
-- after ``MGPROF_WARMUP + MGPROF_STEPS`` steps the session ends and the script is stopped.
+- ``torch.distributed.destroy_process_group`` first lets the session send its record to rank 0
+  (see ``mgprof.collect.hooks``);
+- after ``MGPROF_WARMUP + MGPROF_STEPS`` steps the session ends and the script is stopped;
+- under ``mgprof compare`` (``MGPROF_COMPARE=1``) the step limit also ends a script's own
+  session, and with ``MGPROF_NOSYNC_STEPS=M`` the gradient-sync A/B (``mgprof.collect.nosync``)
+  runs 2M more steps before the script is stopped.
 
 A script that opens its own ``mgprof.profile``/``profile_step`` session is not instrumented
 twice. The script's exit code, output and traceback are its own.
@@ -23,9 +27,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+MEMORY_BUDGET_ENV = "MGPROF_MEMORY_BUDGET_MIB"
 STEPS_ENV = "MGPROF_STEPS"
 WARMUP_ENV = "MGPROF_WARMUP"
 ACTIVE_ENV = "MGPROF_ACTIVE"
+COMPARE_ENV = "MGPROF_COMPARE"
+NOSYNC_STEPS_ENV = "MGPROF_NOSYNC_STEPS"
 
 
 class StepLimitReached(SystemExit):
@@ -35,29 +42,33 @@ class StepLimitReached(SystemExit):
 class AutoInstrument:
     """The automatic session's wiring: hooks in, session on demand, clean end."""
 
-    def __init__(self, warmup: int, steps: int | None, active: int) -> None:
+    def __init__(
+        self,
+        warmup: int,
+        steps: int | None,
+        active: int,
+        limit_explicit: bool = False,
+        ab: Any = None,
+    ) -> None:
         self.warmup = warmup
         self.steps = steps
         self.active = active
+        self.limit_explicit = limit_explicit
+        """Apply the step limit to a script's own session too (``mgprof compare`` needs every
+        strategy stopped after the same number of steps)."""
+        self.ab = ab
+        """The ``NoSyncAB`` to run after the measured steps, or None."""
         self.session: Any = None
         self.clock_optimizer: int | None = None
+        self.updates = 0
+        self._optimizers: dict[int, Any] = {}
         self._handles: list[Any] = []
 
     def install(self) -> None:
         import torch
-        import torch.distributed as dist
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
-        if dist.is_available():
-            original = dist.destroy_process_group
-
-            def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
-                if not args and not kwargs.get("group"):
-                    self.finish()  # send records while the group still exists
-                return original(*args, **kwargs)
-
-            dist.destroy_process_group = destroy_process_group
         # Facts set before the first update (set_epoch, DDP arguments) need the hooks early.
         from mgprof.collect import hooks
 
@@ -83,17 +94,39 @@ class AutoInstrument:
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         key = id(optimizer)
+        self._optimizers.setdefault(key, optimizer)
         if self.clock_optimizer is None:
             self.clock_optimizer = key
         elif key != self.clock_optimizer:
             return
+        self.updates += 1
+        if self.ab is not None and self.ab.active:
+            if self.ab.on_update():
+                raise StepLimitReached(0)
+            return
         session, created = self._ensure_session()
-        if session is None or created:
+        if session is None:
+            # the script's own session; its first update is this hook's first, as in auto mode
+            if (
+                self.limit_explicit
+                and self.steps is not None
+                and self.updates > self.warmup + self.steps
+            ):
+                self._limit_reached()
+            return
+        if created:
             return
         session.auto_step()
         if self.steps is not None and session.steps_done >= self.warmup + self.steps:
             self.finish()
-            raise StepLimitReached(0)
+            self._limit_reached()
+
+    def _limit_reached(self) -> None:
+        """Measured steps done: run the A/B if asked (its steps are not recorded), then stop."""
+        _pause_explicit()
+        if self.ab is not None and self.ab.start(list(self._optimizers.values())):
+            return
+        raise StepLimitReached(0)
 
     def finish(self, error: str | None = None) -> None:
         if self.session is not None and not self.session._closed:
@@ -103,6 +136,23 @@ class AutoInstrument:
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     return int(value) if value not in (None, "") else None
+
+
+def limit_address_space(budget_mib: int) -> int:
+    """Cap this process's address space at what it maps now plus ``budget_mib``.
+
+    Used by ``mgprof sweep`` on CPU so that a too-large batch genuinely fails to allocate
+    (MemoryError) inside the trial process, as a CUDA OOM would on a GPU. Relative to the
+    current size because importing torch alone maps gigabytes of address space.
+    Returns the limit in bytes.
+    """
+    import resource
+
+    with open("/proc/self/statm") as fh:
+        pages = int(fh.read().split()[0])
+    limit = pages * os.sysconf("SC_PAGE_SIZE") + budget_mib * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return limit
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -119,18 +169,27 @@ def main(argv: list[str] | None = None) -> int:
         warmup=_env_int(WARMUP_ENV) or 0,
         steps=_env_int(STEPS_ENV),
         active=_env_int(ACTIVE_ENV) or 3,
+        limit_explicit=os.environ.get(COMPARE_ENV) == "1",
+        ab=_nosync_ab(),
     )
     try:
         auto.install()
     except Exception as exc:  # fail open: the script runs uninstrumented
         print(f"mgprof: instrumentation disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
     signal.signal(signal.SIGTERM, _sigterm)
+    budget = _env_int(MEMORY_BUDGET_ENV)
+    if budget is not None:
+        import torch  # noqa: F401  (mapped before the cap: the budget is for the training)
+
+        limit_address_space(budget)
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.resolve().parent))
     try:
         runpy.run_path(str(script), run_name="__main__")
     except StepLimitReached:
         auto.finish()
+        if auto.limit_explicit:
+            _finish_explicit(None)  # a paused session of the script's own: record it now
         return 0
     except SystemExit as exc:
         code = exc.code
@@ -146,6 +205,32 @@ def main(argv: list[str] | None = None) -> int:
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     auto.finish()
     return 0
+
+
+def _nosync_ab() -> Any:
+    """The gradient-sync A/B when ``mgprof compare`` asked for one (``MGPROF_NOSYNC_STEPS``)."""
+    steps = _env_int(NOSYNC_STEPS_ENV)
+    if not steps or steps < 1:
+        return None
+    from mgprof import rundir
+    from mgprof.collect.nosync import NoSyncAB
+
+    run_dir = os.environ.get(rundir.RUN_DIR_ENV)
+    return NoSyncAB(steps, Path(run_dir) if run_dir else None)
+
+
+def _pause_explicit() -> None:
+    """Stop a script's own session from recording more steps, without closing it yet.
+
+    Closing it here would let ``@profile_step`` open a fresh session on its next call; paused,
+    its later steps and regions are no-ops and it is closed (and delivered) when the script is
+    stopped.
+    """
+    from mgprof.collect.session import active_session
+
+    current = active_session()
+    if current is not None and not current.auto:
+        current._running = False
 
 
 def _finish_explicit(error: str | None) -> None:

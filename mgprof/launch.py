@@ -269,15 +269,25 @@ def _stop_group(proc: subprocess.Popen[bytes], sig: int, grace_s: float = 20.0) 
 
 
 def finalize(
-    run_dir: Path, initial: RunRecord, code: int, stderr_tail: list[str], interrupted: bool
+    run_dir: Path,
+    initial: RunRecord,
+    code: int,
+    stderr_tail: list[str],
+    interrupted: bool,
 ) -> RunRecord:
-    """Merge what the ranks left (gathered run.json or per-rank partials) and set the status."""
+    """Merge what the ranks left (gathered run.json or per-rank partials) and set the status.
+
+    In a multi-node job the ranks send their records to rank 0, which may live on any node
+    (c10d rendezvous assigns ranks by arrival): a node without rank 0 expects an empty run here,
+    and only its exit code decides.
+    """
     try:
         run = read_run(run_dir)
     except UsageError:
         run = initial
     run = msgspec.structs.replace(run, world_size=initial.world_size)
     run = rundir.merge_ranks(run, rundir.read_partials(run_dir))
+    satellite = initial.nnodes > 1 and not any(r.rank == 0 for r in run.ranks)
     rank_errors = [f"rank {r.rank}: {r.error.splitlines()[0]}" for r in run.ranks if r.error]
     error = None
     if interrupted:
@@ -287,9 +297,9 @@ def finalize(
         error = f"script exited with code {code}" + (f": {last}" if last else "")
     elif rank_errors:
         error = rank_errors[0]
-    if run.missing_ranks and error is None:
+    if run.missing_ranks and error is None and not satellite:
         error = f"no record from rank(s) {', '.join(map(str, run.missing_ranks))}"
-    if not run.ranks and error is None:
+    if not run.ranks and error is None and not satellite:
         error = "the script made no optimizer step and opened no mgprof session: nothing measured"
     status = "complete" if error is None else "incomplete"
     run = msgspec.structs.replace(

@@ -1,6 +1,7 @@
 """Process-wide hooks that observe how a script trains, without changing what it does.
 
-Installed while a session runs: DataLoader iteration is timed (data-loading stalls), and a few
+Installed while a session runs: DataLoader iteration is timed (data-loading stalls),
+``destroy_process_group`` first lets the session send its record to rank 0, and a few
 facts are noted for the findings (loader workers, pin_memory, DistributedSampler and set_epoch,
 autocast, DDP's find_unused_parameters and bucket size). Each patch calls the original first
 or last and swallows its own errors, so the script's behaviour is unchanged.
@@ -80,6 +81,23 @@ def _ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         pass
 
 
+def _destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+    """Let the running session send its record to rank 0 while the group still exists."""
+    if not args and kwargs.get("group") is None:
+        from mgprof.collect.session import active_session
+
+        session = active_session()
+        if session is not None:
+            session.stop()
+    return _originals.get("destroy", _destroy_fallback)(*args, **kwargs)
+
+
+def _destroy_fallback(*args: Any, **kwargs: Any) -> Any:
+    import torch.distributed as dist
+
+    return dist.destroy_process_group(*args, **kwargs)
+
+
 def note_fact(name: str, value: Any) -> None:
     """Record a fact observed elsewhere (``mgprof.wrap`` knows DDP's arguments directly)."""
     _facts[name] = value
@@ -97,6 +115,9 @@ def install(session: Session | None) -> None:
     _originals["set_epoch"] = DistributedSampler.set_epoch
     _originals["autocast_enter"] = torch.autocast.__enter__
     _originals["ddp_init"] = DistributedDataParallel.__init__
+    if torch.distributed.is_available():
+        _originals["destroy"] = torch.distributed.destroy_process_group
+        torch.distributed.destroy_process_group = _destroy_process_group
     _BaseDataLoaderIter.__next__ = _timed_next  # type: ignore[method-assign]
     DistributedSampler.set_epoch = _set_epoch  # type: ignore[method-assign]
     torch.autocast.__enter__ = _autocast_enter  # type: ignore[method-assign]
@@ -117,3 +138,5 @@ def uninstall(session: Session) -> None:
     DistributedSampler.set_epoch = _originals.pop("set_epoch")  # type: ignore[method-assign]
     torch.autocast.__enter__ = _originals.pop("autocast_enter")  # type: ignore[method-assign]
     DistributedDataParallel.__init__ = _originals.pop("ddp_init")  # type: ignore[method-assign]
+    if "destroy" in _originals:
+        torch.distributed.destroy_process_group = _originals.pop("destroy")

@@ -536,6 +536,9 @@ class Session:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         else:
             stem = self.name or Path(sys.argv[0] or "python").stem or "python"
+            info = self._info or rank_info()
+            if info.rank > 0:  # no group carried this rank's record to rank 0: keep it apart
+                stem = f"{stem}-rank{info.rank}"
             self.run_dir = rundir.new_run_dir(self.out or rundir.DEFAULT_ROOT, stem)
         return self.run_dir
 

@@ -87,15 +87,14 @@ def run(args: argparse.Namespace) -> int:
     from mgprof.runreport import finish_run, print_report
 
     config = launch_config(args, args.strategy)
-    if config.node_rank > 0 and config.nnodes > 1:
-        print(
-            f"mgprof: node {config.node_rank}: records go to rank 0's node; "
-            "its launcher writes the report",
-            file=sys.stderr,
-        )
     with LaunchProgress(enabled=not args.quiet, total=_total(args)) as progress:
         result = launch(config, on_progress=progress.update)
-    if config.node_rank > 0:
+    if config.nnodes > 1 and not any(r.rank == 0 for r in result.run.ranks):
+        print(
+            f"mgprof: this node ({config.node_rank}) sent its records to rank 0 on another node; "
+            "the report is written there",
+            file=sys.stderr,
+        )
         return result.exit_code
     run_record, analysis = finish_run(result.run_dir, result.run)
     print_report(run_record, analysis, result.run_dir, args.format)
