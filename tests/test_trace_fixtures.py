@@ -52,6 +52,11 @@ def reference(path: Path) -> dict[str, float | None]:
     with gzip.open(path) if path.suffix == ".gz" else open(path, "rb") as fh:
         events = json.load(fh)["traceEvents"]
     xs = [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    # Times relative to the first complete event, so that ts + dur is not rounded at the
+    # magnitude of an epoch timestamp (ulp 0.25 us at 1.7e15 us); mgprof does the same.
+    t0 = float(xs[0]["ts"]) if xs else 0.0
+    for e in xs:
+        e["ts"] = float(e["ts"]) - t0
     dev = [e for e in xs if str(e.get("cat", "")).lower() in DEVICE and e["dur"] >= 0]
     if dev:
         span = lambda e: (float(e["ts"]), float(e["ts"]) + float(e["dur"]))  # noqa: E731

@@ -208,7 +208,7 @@ def gpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
         calls.append(
             CollectiveCall(
                 type=kind,
-                start_us=float(starts[k]),
+                start_us=rt.time_base_us + float(starts[k]),
                 dur_us=dur,
                 exposed_us=max(0.0, dur - float(covered[k])),
                 bytes=_nbytes(ca),
@@ -232,7 +232,7 @@ def cpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
     return [
         CollectiveCall(
             type=collective_type(op.name),
-            start_us=op.start,
+            start_us=rt.time_base_us + op.start,
             dur_us=op.end - op.start,
             exposed_us=max(0.0, (op.end - op.start) - float(covered[k])),
             bytes=op.nbytes,

@@ -74,6 +74,8 @@ class _Args(msgspec.Struct):
     flops: Num = None
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
+    external_id: Num = msgspec.field(default=None, name="External id")
 
 
 class _Event(msgspec.Struct):
@@ -88,6 +90,14 @@ class _Event(msgspec.Struct):
 
 class _Trace(msgspec.Struct):
     traceEvents: list[_Event] | None = None
+    distributedInfo: msgspec.Raw = msgspec.Raw()
+    deviceProperties: msgspec.Raw = msgspec.Raw()
+
+
+class _TraceOutline(msgspec.Struct):
+    """The document with ``traceEvents`` left undecoded: decoded later in bounded slices."""
+
+    traceEvents: msgspec.Raw = msgspec.Raw()
     distributedInfo: msgspec.Raw = msgspec.Raw()
     deviceProperties: msgspec.Raw = msgspec.Raw()
 
@@ -173,6 +183,14 @@ class RankTrace:
     cpu_window_all: tuple[float, float] | None  # first start .. last end of CPU events
     flops_total: float | None
     flops_ops: int
+    # Timestamps above are relative to time_base_us (the first complete event's ts in the file),
+    # so that end = start + dur keeps sub-ns precision for large absolute timestamps.
+    time_base_us: float = 0.0
+    # External id of each device row's launching op (-1: none), and PREC_* of GEMM/conv ops.
+    dev_ext: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gemm_precision: dict[int, int] = field(default_factory=dict)
+    flops_source: str | None = None
+    flops_estimate_skipped: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -355,201 +373,610 @@ def _step_number(name: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def load_trace(path: str | Path) -> RankTrace:
-    """Read, decode and reduce one rank's trace; raise :class:`TraceError` on bad input."""
-    p = Path(path)
-    trace = _decode(p, _read_bytes(p))
-    events = trace.traceEvents
-    if events is None:
-        raise TraceError(
-            f"{p}: JSON has no 'traceEvents' list, so it is not a Kineto/Chrome trace; "
-            "pass a torch.profiler trace file"
+# --- FLOP estimates from ``Input Dims`` (record_shapes=True) -----------------------------------
+# Current torch does not write ``args.flops`` into the exported Chrome trace even with
+# with_flops=True, so GEMM and convolution FLOPs are estimated from the op's shapes. Only the
+# innermost op of a nest is counted (aten::linear -> aten::addmm counts the addmm once).
+_GEMM_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::_scaled_mm",
+        "aten::_int_mm",
+        "aten::matmul",
+        "aten::linear",
+    }
+)
+_CONV_OPS = frozenset(
+    {
+        "aten::convolution",
+        "aten::_convolution",
+        "aten::cudnn_convolution",
+        "aten::cudnn_convolution_transpose",
+        "aten::convolution_backward",
+    }
+)
+_FLOP_OPS = _GEMM_OPS | _CONV_OPS
+# Operand positions whose dtypes decide a GEMM/conv's precision (tensor-core classification).
+_OPERANDS = {"aten::addmm": (1, 2), "aten::baddbmm": (1, 2), "aten::convolution_backward": (0, 2)}
+_REDUCED = frozenset(
+    {
+        "bfloat16",
+        "half",
+        "float16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "signed char",
+        "int8",
+    }
+)
+PREC_REDUCED, PREC_FP32, PREC_FP64 = 1, 2, 3
+
+
+def _shapes(raw: msgspec.Raw) -> list[list[int] | None] | None:
+    """``Input Dims`` as a list of int shapes (None for a non-tensor argument)."""
+    if not raw:
+        return None
+    try:
+        dims = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(dims, list):
+        return None
+    out: list[list[int] | None] = []
+    for d in dims:
+        ok = isinstance(d, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in d
         )
-    dist = _dist_info(trace.distributedInfo)
-    rank = _as_int(dist.rank) if dist else None
-    rank_source = "distributedInfo"
-    if rank is None:
-        rank = rank_from_filename(p)
-        rank_source = "file name" if rank is not None else "unknown"
-    pg_sizes: dict[str, int] = {}
-    if dist and dist.pg_config:
-        for pg in dist.pg_config:
-            size = _as_int(pg.pg_size)
-            if pg.pg_name is not None and size is not None:
-                pg_sizes[str(pg.pg_name)] = size
+        out.append(d if ok else None)
+    return out
 
-    dev_start: list[float] = []
-    dev_end: list[float] = []
-    dev_kind: list[int] = []
-    dev_corr: list[int] = []
-    dev_name: list[int] = []
-    name_index: dict[str, int] = {}
-    comm_args: dict[int, CommArgs] = {}
-    launches: dict[int, tuple[float, str]] = {}
-    steps: list[Step] = []
-    dl_s: list[float] = []
-    dl_e: list[float] = []
-    param_comms: list[tuple[str, float, float, CommArgs]] = []
-    cpu_comm_ops: list[CpuCommOp] = []
-    cpu_events: list[tuple[float, float, str, str]] = []  # (start, end, tid, name)
-    flops_total = 0.0
-    flops_ops = 0
-    skipped = 0
-    complete = 0
 
-    isfinite = math.isfinite
-    kind_of_name: dict[str, int] = {}  # kernel name -> KIND_COMPUTE / KIND_COMM, regex once
-    tid_str: dict[object, str] = {}
-    cat_lower: dict[str, str] = {}
-    for ev in events:
-        if ev.ph != "X":
+def _concrete(raw: msgspec.Raw) -> list[object] | None:
+    """``Concrete Inputs`` (strings such as ``'[1, 1]'``, ``'1'``, ``'False'``) parsed."""
+    if not raw:
+        return None
+    try:
+        vals = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(vals, list):
+        return None
+    out: list[object] = []
+    for v in vals:
+        if not isinstance(v, str) or not v:
+            out.append(None)
             continue
-        raw_cat = ev.cat
-        cat = cat_lower.get(raw_cat)  # type: ignore[arg-type]
-        if cat is None:
-            cat = cat_lower[raw_cat] = raw_cat.lower() if raw_cat else ""  # type: ignore[index]
-        name = ev.name or ""
-        ts = ev.ts
-        dur = ev.dur
-        valid = ts is not None and dur is not None and dur >= 0 and isfinite(ts) and isfinite(dur)
-        kind = _DEVICE_CATS.get(cat)
-        if kind is not None:
-            if not valid:
-                skipped += 1
-                continue
-            complete += 1
-            start = float(ts)  # type: ignore[arg-type]
-            row = len(dev_start)
-            dev_start.append(start)
-            dev_end.append(start + dur)  # type: ignore[operator]
-            args = ev.args
-            corr = args.correlation if args is not None else None
-            if type(corr) is not int:
-                corr = _as_int(corr)
-            dev_corr.append(-1 if corr is None else corr)
-            if kind == KIND_COMPUTE:
-                kind = kind_of_name.get(name, -1)
-                if kind < 0:
-                    kind = KIND_COMM if COMM_KERNEL_RE.search(name) else KIND_COMPUTE
-                    kind_of_name[name] = kind
-                    name_index[name] = len(name_index)
-                dev_name.append(name_index[name])
-                if kind == KIND_COMM and args is not None:
-                    ca = _comm_args(args)
-                    if ca is not None:
-                        comm_args[row] = ca
-            else:
-                dev_name.append(-1)
-            dev_kind.append(kind)
-            continue
-        if not valid:
-            continue
-        complete += 1
-        ts = float(ts)  # type: ignore[arg-type]
-        end = ts + dur  # type: ignore[operator]
-        raw_tid = ev.tid
-        if type(raw_tid) is str:
-            tid = raw_tid
+        try:
+            out.append(msgspec.json.decode(v.replace("True", "true").replace("False", "false")))
+        except msgspec.DecodeError:
+            out.append(None)
+    return out
+
+
+def _ints(v: object, n: int) -> list[int] | None:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return [v] * n
+    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        if len(v) == n:
+            return list(v)
+        if len(v) == 1:
+            return list(v) * n
+    return None
+
+
+def _mm_flops(a: list[int], b: list[int]) -> float | None:
+    """2·batch·M·N·K for ``a @ b`` with torch.matmul's broadcasting (1-D operands allowed)."""
+    if not a or not b:
+        return None
+    a2 = [1, *a] if len(a) == 1 else a
+    b2 = [*b, 1] if len(b) == 1 else b
+    m, k = a2[-2], a2[-1]
+    k2, n = b2[-2], b2[-1]
+    if k != k2:
+        return None
+    batch_a, batch_b = a2[:-2], b2[:-2]
+    width = max(len(batch_a), len(batch_b))
+    batch = 1
+    for x, y in zip([1] * (width - len(batch_a)) + batch_a, [1] * (width - len(batch_b)) + batch_b):
+        if x != y and 1 not in (x, y):
+            return None
+        batch *= max(x, y)
+    return 2.0 * batch * m * n * k
+
+
+def _conv_fwd_flops(
+    x: list[int],
+    w: list[int],
+    stride: object,
+    padding: object,
+    dilation: object,
+    transposed: object,
+) -> tuple[float | None, str]:
+    """torch's flop-counter formula: 2·N·prod(weight)·prod(out spatial) (input spatial if
+    transposed); out = ⌊(in + 2p − d(k−1) − 1)/s⌋ + 1."""
+    nd = len(x) - 2
+    if nd < 1 or len(w) != nd + 2:
+        return None, "conv input/weight dims do not fit"
+    if transposed is True:
+        return 2.0 * x[0] * math.prod(w) * math.prod(x[2:]), ""
+    s, p, d = _ints(stride, nd), _ints(padding, nd), _ints(dilation, nd)
+    if s is None or p is None or d is None or transposed is None:
+        return None, "conv stride/padding/dilation not in Concrete Inputs"
+    out = [(x[2 + i] + 2 * p[i] - d[i] * (w[2 + i] - 1) - 1) // s[i] + 1 for i in range(nd)]
+    if any(o <= 0 for o in out) or any(v <= 0 for v in s):
+        return None, "conv output size is not positive"
+    return 2.0 * x[0] * math.prod(w) * math.prod(out), ""
+
+
+def estimate_flops(
+    name: str, dims_raw: msgspec.Raw, concrete_raw: msgspec.Raw
+) -> tuple[float | None, str]:
+    """FLOPs of one GEMM/conv op from its ``Input Dims``; (None, reason) when not derivable."""
+    dims = _shapes(dims_raw)
+    if not dims:
+        return None, "no Input Dims (profile with record_shapes=True)"
+
+    def arg(i: int) -> list[int] | None:
+        return dims[i] if i < len(dims) else None
+
+    if name in _GEMM_OPS:
+        if name == "aten::linear":
+            x, w = arg(0), arg(1)
+            if not x or not w or len(w) != 2 or x[-1] != w[1]:
+                return None, "linear dims do not fit"
+            return 2.0 * math.prod(x[:-1]) * w[0] * w[1], ""
+        i = 1 if name in ("aten::addmm", "aten::baddbmm") else 0
+        a, b = arg(i), arg(i + 1)
+        if a is None or b is None:
+            return None, f"{name} dims do not fit"
+        if name != "aten::matmul" and (len(a) != len(b) or len(a) not in (2, 3)):
+            return None, f"{name} dims do not fit"
+        fl = _mm_flops(a, b)
+        return (fl, "") if fl is not None else (None, f"{name} dims do not fit")
+    conc = _concrete(concrete_raw) or []
+
+    def c(i: int) -> object:
+        return conc[i] if i < len(conc) else None
+
+    if name in ("aten::convolution", "aten::_convolution"):
+        x, w = arg(0), arg(1)
+        if not x or not w:
+            return None, "conv dims missing"
+        return _conv_fwd_flops(x, w, c(3), c(4), c(5), c(6))
+    if name == "aten::cudnn_convolution":
+        x, w = arg(0), arg(1)
+        if not x or not w:
+            return None, "conv dims missing"
+        return _conv_fwd_flops(x, w, c(3), c(2), c(4), False)
+    if name == "aten::cudnn_convolution_transpose":
+        x, w = arg(0), arg(1)
+        if not x or not w or len(x) < 3:
+            return None, "conv dims missing"
+        return _conv_fwd_flops(x, w, None, None, None, True)
+    if name == "aten::convolution_backward":
+        # (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+        #  output_padding, groups, output_mask): grad_output gives the output size directly.
+        go, x, w, mask = arg(0), arg(1), arg(2), c(10)
+        if not go or not x or not w or len(go) != len(x) or len(w) != len(x):
+            return None, "conv backward dims missing"
+        if not isinstance(mask, list) or len(mask) < 2:
+            return None, "conv backward output_mask not in Concrete Inputs"
+        spatial = x[2:] if c(7) is True else go[2:]
+        fwd = 2.0 * x[0] * math.prod(w) * math.prod(spatial)
+        return fwd * sum(1 for m in mask[:2] if m is True), ""
+    return None, f"{name} is not a GEMM/conv op"
+
+
+def _precision(name: str, types_raw: msgspec.Raw) -> int:
+    """PREC_* of a GEMM/conv op from the dtypes of its two matrix operands (0: unknown/mixed)."""
+    if not types_raw:
+        return 0
+    try:
+        types = msgspec.json.decode(types_raw)
+    except msgspec.DecodeError:
+        return 0
+    if not isinstance(types, list):
+        return 0
+    i, j = _OPERANDS.get(name, (0, 1))
+    if j >= len(types):
+        return 0
+    kinds = set()
+    for t in (types[i], types[j]):
+        key = str(t).strip().lower().removeprefix("c10::")
+        if key in _REDUCED:
+            kinds.add(PREC_REDUCED)
+        elif key in ("float", "float32"):
+            kinds.add(PREC_FP32)
+        elif key in ("double", "float64"):
+            kinds.add(PREC_FP64)
         else:
-            tid = tid_str.get(raw_tid)  # type: ignore[assignment]
-            if tid is None:
-                tid = tid_str[raw_tid] = _as_str(raw_tid) or ""
-        if cat in _LAUNCH_CATS:
-            corr = _as_int(ev.args.correlation) if ev.args else None
-            if corr is not None:
-                launches[corr] = (ts, tid)
-            continue
-        if cat in ("trace", "gpu_user_annotation"):
-            # The profiler's own span is not activity, and GPU-side annotations (which repeat
-            # ProfilerStep#N names on the device timeline) are not CPU events.
-            continue
-        if name.startswith("ProfilerStep#"):
-            num = _step_number(name)
-            if num is not None:
-                steps.append(Step(num, ts, end, tid))
-            continue
-        if name.startswith("enumerate(DataLoader)#"):
-            dl_s.append(ts)
-            dl_e.append(end)
-        args = ev.args
-        if args is None:
+            return 0
+    return kinds.pop() if len(kinds) == 1 else 0
+
+
+# --- Loading ---------------------------------------------------------------------------------
+_CHUNK_BYTES = 1 << 20  # JSON bytes of traceEvents decoded at a time
+_EVENT_GAP_RE = re.compile(rb"}\s*,\s*{")
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+
+
+def _event_chunks(raw_events: msgspec.Raw) -> list[tuple[int, int]] | None:
+    """(start, end) byte ranges of ``traceEvents`` that each hold whole events, or None.
+
+    Ranges are cut at ``}, {`` gaps between array elements; whether a cut really fell between
+    two events (and not inside a string or a nested list) is checked when the slice is decoded:
+    a cut anywhere else leaves an unbalanced slice that fails to decode.
+    """
+    view = memoryview(raw_events)
+    n = len(view)
+    lo, hi = 0, n
+    while lo < hi and view[lo] in b" \t\r\n":
+        lo += 1
+    while hi > lo and view[hi - 1] in b" \t\r\n":
+        hi -= 1
+    if hi - lo < 2 or view[lo] != ord("[") or view[hi - 1] != ord("]"):
+        return None
+    lo, hi = lo + 1, hi - 1
+    ranges = []
+    pos = lo
+    while pos < hi:
+        target = pos + _CHUNK_BYTES
+        m = _EVENT_GAP_RE.search(view, target, hi) if target < hi else None
+        if m is None:
+            ranges.append((pos, hi))
+            break
+        ranges.append((pos, m.start() + 1))
+        pos = m.end() - 1
+    return ranges
+
+
+def load_trace(path: str | Path) -> RankTrace:
+    """Read, decode and reduce one rank's trace; raise :class:`TraceError` on bad input.
+
+    The file is decompressed into memory once; ``traceEvents`` is then decoded about 1 MB of
+    JSON at a time, and each slice is reduced and dropped before the next is decoded, so the
+    decoded events of a whole rank never exist at once.
+    """
+    p = Path(path)
+    raw = _read_bytes(p)
+    outline: _TraceOutline | None
+    try:
+        outline = msgspec.json.decode(raw, type=_TraceOutline)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        outline = None  # the full decode below gives the precise error
+    ranges = _event_chunks(outline.traceEvents) if outline is not None else None
+    red: _Reducer | None = None
+    if outline is not None and ranges is not None:
+        red = _Reducer()
+        view = memoryview(outline.traceEvents)
+        try:
+            for a, b in ranges:
+                red.feed(_EVENTS_DECODER.decode(b"".join((b"[", view[a:b], b"]"))))
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            red = None  # a cut fell inside an event or an event is malformed: decode it whole
+        del view
+    if red is None:
+        trace = _decode(p, raw)
+        if trace.traceEvents is None:
+            raise TraceError(
+                f"{p}: JSON has no 'traceEvents' list, so it is not a Kineto/Chrome trace; "
+                "pass a torch.profiler trace file"
+            )
+        red = _Reducer()
+        red.feed(trace.traceEvents)
+        dist_raw, props_raw = trace.distributedInfo, trace.deviceProperties
+        del trace
+    else:
+        assert outline is not None
+        dist_raw, props_raw = outline.distributedInfo, outline.deviceProperties
+    dist = _dist_info(dist_raw)
+    props = _device_props(props_raw)
+    del outline, dist_raw, props_raw, raw
+    return red.finish(p, dist, props)
+
+
+class _Reducer:
+    """Reduces decoded events, one slice at a time, to the columns :class:`RankTrace` holds."""
+
+    def __init__(self) -> None:
+        self.base: float | None = None
+        self.dev_start: list[float] = []
+        self.dev_end: list[float] = []
+        self.dev_kind: list[int] = []
+        self.dev_corr: list[int] = []
+        self.dev_name: list[int] = []
+        self.dev_ext: list[int] = []
+        self.name_index: dict[str, int] = {}
+        self.kind_of_name: dict[str, int] = {}  # kernel name -> KIND_COMPUTE / KIND_COMM
+        self.comm_args: dict[int, CommArgs] = {}
+        self.launches: dict[int, tuple[float, str]] = {}
+        self.steps: list[Step] = []
+        self.dl_s: list[float] = []
+        self.dl_e: list[float] = []
+        self.param_comms: list[tuple[str, float, float, CommArgs]] = []
+        self.cpu_comm_ops: list[CpuCommOp] = []
+        self.cpu_events: list[tuple[float, float, str, str]] = []  # (start, end, tid, name)
+        # GEMM/conv ops: (tid, start, end, flops or None, reason)
+        self.flop_ops: list[tuple[str, float, float, float | None, str]] = []
+        self.gemm_prec: dict[int, int] = {}  # External id -> PREC_* of GEMM/conv ops
+        self.flops_total = 0.0
+        self.flops_ops = 0
+        self.skipped = 0
+        self.complete = 0
+        self.n_events = 0
+        self.tid_str: dict[object, str] = {}
+        self.cat_lower: dict[str | None, str] = {}
+
+    def feed(self, events: list[_Event]) -> None:
+        self.n_events += len(events)
+        if self.base is None:
+            for ev in events:
+                if ev.ph == "X" and ev.ts is not None and math.isfinite(ev.ts):
+                    self.base = float(ev.ts)
+                    break
+        base = self.base if self.base is not None else 0.0
+        isfinite = math.isfinite
+        kind_of_name = self.kind_of_name
+        name_index = self.name_index
+        tid_str = self.tid_str
+        cat_lower = self.cat_lower
+        dev_start, dev_end, dev_kind = self.dev_start, self.dev_end, self.dev_kind
+        dev_corr, dev_name, dev_ext = self.dev_corr, self.dev_name, self.dev_ext
+        cpu_events = self.cpu_events
+        for ev in events:
+            if ev.ph != "X":
+                continue
+            raw_cat = ev.cat
+            cat = cat_lower.get(raw_cat)
+            if cat is None:
+                cat = cat_lower[raw_cat] = raw_cat.lower() if raw_cat else ""
+            name = ev.name or ""
+            ts = ev.ts
+            dur = ev.dur
+            valid = (
+                ts is not None and dur is not None and dur >= 0 and isfinite(ts) and isfinite(dur)
+            )
+            kind = _DEVICE_CATS.get(cat)
+            if kind is not None:
+                if not valid:
+                    self.skipped += 1
+                    continue
+                self.complete += 1
+                start = float(ts) - base  # type: ignore[arg-type]
+                row = len(dev_start)
+                dev_start.append(start)
+                dev_end.append(start + dur)  # type: ignore[operator]
+                args = ev.args
+                corr = args.correlation if args is not None else None
+                if type(corr) is not int:
+                    corr = _as_int(corr)
+                dev_corr.append(-1 if corr is None else corr)
+                if kind == KIND_COMPUTE:
+                    kind = kind_of_name.get(name, -1)
+                    if kind < 0:
+                        kind = KIND_COMM if COMM_KERNEL_RE.search(name) else KIND_COMPUTE
+                        kind_of_name[name] = kind
+                        name_index[name] = len(name_index)
+                    dev_name.append(name_index[name])
+                    ext = args.external_id if args is not None else None
+                    if type(ext) is not int:
+                        ext = _as_int(ext)
+                    dev_ext.append(-1 if ext is None else ext)
+                    if kind == KIND_COMM and args is not None:
+                        ca = _comm_args(args)
+                        if ca is not None:
+                            self.comm_args[row] = ca
+                else:
+                    dev_name.append(-1)
+                    dev_ext.append(-1)
+                dev_kind.append(kind)
+                continue
+            if not valid:
+                continue
+            self.complete += 1
+            ts = float(ts) - base  # type: ignore[arg-type]
+            end = ts + dur  # type: ignore[operator]
+            raw_tid = ev.tid
+            if type(raw_tid) is str:
+                tid = raw_tid
+            else:
+                tid = tid_str.get(raw_tid)  # type: ignore[assignment]
+                if tid is None:
+                    tid = tid_str[raw_tid] = _as_str(raw_tid) or ""
+            if cat in _LAUNCH_CATS:
+                corr = _as_int(ev.args.correlation) if ev.args else None
+                if corr is not None:
+                    self.launches[corr] = (ts, tid)
+                continue
+            if cat in ("trace", "gpu_user_annotation"):
+                # The profiler's own span is not activity, and GPU-side annotations (which repeat
+                # ProfilerStep#N names on the device timeline) are not CPU events.
+                continue
+            if name.startswith("ProfilerStep#"):
+                num = _step_number(name)
+                if num is not None:
+                    self.steps.append(Step(num, ts, end, tid))
+                continue
+            if name.startswith("enumerate(DataLoader)#"):
+                self.dl_s.append(ts)
+                self.dl_e.append(end)
+            args = ev.args
+            if args is None:
+                if name.startswith(_CPU_COMM_PREFIXES):
+                    self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, None))
+                cpu_events.append((ts, end, tid, name))
+                continue
+            if args.flops is not None:
+                fl = _finite(args.flops)
+                if fl is not None and fl >= 0:
+                    self.flops_total += fl
+                    self.flops_ops += 1
+            if name in _FLOP_OPS:
+                est, why = estimate_flops(name, args.input_dims, args.concrete)
+                self.flop_ops.append((tid, ts, end, est, why))
+                ext = _as_int(args.external_id)
+                if ext is not None:
+                    prec = _precision(name, args.input_type)
+                    if prec:
+                        self.gemm_prec[ext] = prec
+            elif name == "record_param_comms":
+                ca = _comm_args(args)
+                if ca is not None:
+                    self.param_comms.append((tid, ts, end, ca))
             if name.startswith(_CPU_COMM_PREFIXES):
-                cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, None))
+                self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, _input_bytes(args)))
             cpu_events.append((ts, end, tid, name))
-            continue
-        if args.flops is not None:
-            fl = _finite(args.flops)
-            if fl is not None and fl >= 0:
-                flops_total += fl
-                flops_ops += 1
-        if name == "record_param_comms" and ev.args is not None:
-            ca = _comm_args(ev.args)
-            if ca is not None:
-                param_comms.append((tid, ts, end, ca))
-        if name.startswith(_CPU_COMM_PREFIXES):
-            cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, _input_bytes(ev.args)))
-        cpu_events.append((ts, end, tid, name))
 
-    if complete == 0:
-        raise TraceError(
-            f"{p}: trace has no complete ('ph': 'X') events with a timestamp and duration; "
-            "profile at least one active step"
+    def finish(self, p: Path, dist: _DistInfo | None, props: list[dict[str, object]]) -> RankTrace:
+        if self.complete == 0:
+            raise TraceError(
+                f"{p}: trace has no complete ('ph': 'X') events with a timestamp and duration; "
+                "profile at least one active step"
+            )
+        rank = _as_int(dist.rank) if dist else None
+        rank_source = "distributedInfo"
+        if rank is None:
+            rank = rank_from_filename(p)
+            rank_source = "file name" if rank is not None else "unknown"
+        pg_sizes: dict[str, int] = {}
+        if dist and dist.pg_config:
+            for pg in dist.pg_config:
+                size = _as_int(pg.pg_size)
+                if pg.pg_name is not None and size is not None:
+                    pg_sizes[str(pg.pg_name)] = size
+
+        steps = sorted(self.steps, key=lambda s: s.start)
+        cpu_events = self.cpu_events
+        main_tid = _main_thread(steps, cpu_events)
+        main_s: list[float] = []
+        main_e: list[float] = []
+        cpu_window_all = None
+        if not self.dev_start and cpu_events:
+            # Only CPU-only traces use the main-thread compute events and the whole-trace window.
+            for start, end, tid, name in cpu_events:
+                if tid == main_tid and not _is_comm_name(name):
+                    main_s.append(start)
+                    main_e.append(end)
+            cpu_window_all = (min(c[0] for c in cpu_events), max(c[1] for c in cpu_events))
+        if steps and not self.dev_start:
+            lo = min(s.start for s in steps)
+            hi = max(s.end for s in steps)
+            cpu_window_all = (
+                (min(lo, cpu_window_all[0]), max(hi, cpu_window_all[1]))
+                if cpu_window_all
+                else (lo, hi)
+            )
+        self.cpu_events = []
+
+        est_total, est_ops, est_skipped = _leaf_flops(self.flop_ops)
+        if self.flops_ops:
+            flops_total: float | None = self.flops_total
+            flops_ops, flops_source = self.flops_ops, "trace args.flops"
+        elif est_ops:
+            flops_total, flops_ops, flops_source = est_total, est_ops, FLOPS_ESTIMATED
+        else:
+            flops_total, flops_ops, flops_source = None, 0, None
+
+        launches = self.launches
+        corr_sorted = sorted(launches)
+        return RankTrace(
+            path=p,
+            rank=rank,
+            rank_source=rank_source,
+            world_size=_as_int(dist.world_size) if dist else None,
+            backend=_as_str(dist.backend) if dist else None,
+            pg_sizes=pg_sizes,
+            device_properties=props,
+            n_events=self.n_events,
+            skipped_device_events=self.skipped,
+            dev_start=np.asarray(self.dev_start, dtype=np.float64),
+            dev_end=np.asarray(self.dev_end, dtype=np.float64),
+            dev_kind=np.asarray(self.dev_kind, dtype=np.int8),
+            dev_corr=np.asarray(self.dev_corr, dtype=np.int64),
+            dev_name=np.asarray(self.dev_name, dtype=np.int32),
+            kernel_names=list(self.name_index),
+            comm_args=self.comm_args,
+            launch_corr=np.asarray(corr_sorted, dtype=np.int64),
+            launch_ts=np.asarray([launches[c][0] for c in corr_sorted], dtype=np.float64),
+            launch_tid=[launches[c][1] for c in corr_sorted],
+            steps=steps,
+            dataloader=(
+                np.asarray(self.dl_s, dtype=np.float64),
+                np.asarray(self.dl_e, dtype=np.float64),
+            ),
+            param_comms=self.param_comms,
+            cpu_comm_ops=self.cpu_comm_ops,
+            main_tid=main_tid,
+            main_thread=(
+                np.asarray(main_s, dtype=np.float64),
+                np.asarray(main_e, dtype=np.float64),
+            ),
+            cpu_window_all=cpu_window_all,
+            flops_total=flops_total,
+            flops_ops=flops_ops,
+            time_base_us=self.base if self.base is not None else 0.0,
+            dev_ext=np.asarray(self.dev_ext, dtype=np.int64),
+            gemm_precision=self.gemm_prec,
+            flops_source=flops_source,
+            flops_estimate_skipped=est_skipped,
         )
-    n_events = len(events)
-    props = _device_props(trace.deviceProperties)
-    del events, trace  # the decoded events are no longer needed; keep only the arrays
 
-    steps.sort(key=lambda s: s.start)
-    main_tid = _main_thread(steps, cpu_events)
-    main_s: list[float] = []
-    main_e: list[float] = []
-    cpu_window_all = None
-    if not dev_start and cpu_events:
-        # Only CPU-only traces use the main-thread compute events and the whole-trace window.
-        for start, end, tid, name in cpu_events:
-            if tid == main_tid and not _is_comm_name(name):
-                main_s.append(start)
-                main_e.append(end)
-        cpu_window_all = (min(c[0] for c in cpu_events), max(c[1] for c in cpu_events))
-    if steps and not dev_start:
-        lo = min(s.start for s in steps)
-        hi = max(s.end for s in steps)
-        cpu_window_all = (
-            (min(lo, cpu_window_all[0]), max(hi, cpu_window_all[1])) if cpu_window_all else (lo, hi)
-        )
-    del cpu_events
 
-    corr_sorted = sorted(launches)
-    return RankTrace(
-        path=p,
-        rank=rank,
-        rank_source=rank_source,
-        world_size=_as_int(dist.world_size) if dist else None,
-        backend=_as_str(dist.backend) if dist else None,
-        pg_sizes=pg_sizes,
-        device_properties=props,
-        n_events=n_events,
-        skipped_device_events=skipped,
-        dev_start=np.asarray(dev_start, dtype=np.float64),
-        dev_end=np.asarray(dev_end, dtype=np.float64),
-        dev_kind=np.asarray(dev_kind, dtype=np.int8),
-        dev_corr=np.asarray(dev_corr, dtype=np.int64),
-        dev_name=np.asarray(dev_name, dtype=np.int32),
-        kernel_names=list(name_index),
-        comm_args=comm_args,
-        launch_corr=np.asarray(corr_sorted, dtype=np.int64),
-        launch_ts=np.asarray([launches[c][0] for c in corr_sorted], dtype=np.float64),
-        launch_tid=[launches[c][1] for c in corr_sorted],
-        steps=steps,
-        dataloader=(np.asarray(dl_s, dtype=np.float64), np.asarray(dl_e, dtype=np.float64)),
-        param_comms=param_comms,
-        cpu_comm_ops=cpu_comm_ops,
-        main_tid=main_tid,
-        main_thread=(np.asarray(main_s, dtype=np.float64), np.asarray(main_e, dtype=np.float64)),
-        cpu_window_all=cpu_window_all,
-        flops_total=flops_total if flops_ops else None,
-        flops_ops=flops_ops,
-    )
+FLOPS_ESTIMATED = "estimated from Input Dims (GEMM/conv only)"
+
+
+def _leaf_flops(
+    ops: list[tuple[str, float, float, float | None, str]],
+) -> tuple[float, int, dict[str, int]]:
+    """Σ FLOPs of the innermost GEMM/conv ops whose FLOPs are known, and skipped-op reasons.
+
+    Ops of one thread nest (aten::linear > aten::addmm, aten::convolution > aten::_convolution >
+    aten::cudnn_convolution); an op counts when it has a FLOP estimate and no op inside it has
+    one, so every GEMM/conv is counted once, at the deepest level its shapes allow.
+    """
+    acc = [0.0, 0.0]  # total FLOPs, ops counted
+    skipped: dict[str, int] = {}
+    by_tid: dict[str, list[tuple[float, float, float | None, str]]] = {}
+    for tid, s, e, fl, why in ops:
+        by_tid.setdefault(tid, []).append((s, e, fl, why))
+    for items in by_tid.values():
+        items.sort(key=lambda t: (t[0], -t[1]))
+        stack: list[_OpNode] = []
+        for s, e, fl, why in items:
+            while stack and s >= stack[-1].end:
+                _close(stack, acc, skipped)
+            stack.append(_OpNode(e, fl, why))
+        while stack:
+            _close(stack, acc, skipped)
+    return acc[0], int(acc[1]), skipped
+
+
+@dataclass
+class _OpNode:
+    end: float
+    flops: float | None
+    reason: str
+    inner_known: bool = False  # some op nested inside has a FLOP estimate
+    has_inner: bool = False  # some GEMM/conv op is nested inside
+
+
+def _close(stack: list[_OpNode], acc: list[float], skipped: dict[str, int]) -> None:
+    node = stack.pop()
+    if not node.inner_known:
+        if node.flops is not None:
+            acc[0] += node.flops
+            acc[1] += 1
+        elif not node.has_inner:
+            skipped[node.reason] = skipped.get(node.reason, 0) + 1
+    if stack:
+        stack[-1].has_inner = True
+        if node.inner_known or node.flops is not None:
+            stack[-1].inner_known = True
 
 
 def _is_comm_name(name: str) -> bool:

@@ -43,6 +43,12 @@ __all__ = [
 ]
 
 _GPU = "DESIGN.md GPU rule"
+_FLOPS_DEF = (
+    "FLOPs / window; FLOPs = Σ args.flops of CPU ops when the trace has them (flops_source "
+    "'trace args.flops'), else Σ over the innermost GEMM/conv ops of 2·M·N·K (mm, addmm, "
+    "matmul, linear), 2·B·M·N·K (bmm, baddbmm), 2·N·prod(weight)·prod(output spatial) "
+    "(convolution; backward × grads computed) from Input Dims"
+)
 _CPU = "DESIGN.md CPU-only rule"
 DEFINITIONS: dict[str, dict[str, str]] = {
     "gpu": {
@@ -59,7 +65,7 @@ DEFINITIONS: dict[str, dict[str, str]] = {
         "(runtime call with the same correlation id); same rules inside each step",
         "top_kernels.pct_of_compute": "100*summed kernel duration/summed duration of all "
         "compute kernels",
-        "flops.achieved_tflops": "Σ args.flops of CPU ops / window (torch.profiler with_flops)",
+        "flops.achieved_tflops": _FLOPS_DEF,
         "collectives": "one call per communication kernel; see mgprof.analyze.comm",
     },
     "cpu": {
@@ -76,7 +82,7 @@ DEFINITIONS: dict[str, dict[str, str]] = {
         "dataloader_pct": "100*|enumerate(DataLoader)#* spans ∩ window|/window",
         "steps": "same rules with the window = the ProfilerStep#N span",
         "top_kernels.pct_of_compute": "not applicable: no kernels",
-        "flops.achieved_tflops": "Σ args.flops of CPU ops / window (torch.profiler with_flops)",
+        "flops.achieved_tflops": _FLOPS_DEF,
         "collectives": "one call per gloo:*/nccl:* CPU event; see mgprof.analyze.comm",
     },
 }
@@ -250,10 +256,20 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
         na["top_kernels"] = "CPU-only trace: no kernels"
         na["tensor_cores"] = "CPU-only trace: no kernels"
     elif tc.tensor_core_kernels == 0 and tc.fp32_gemm_kernels == 0:
-        na["tensor_cores"] = "no kernel name matches the tensor-core or FP32-GEMM pattern lists"
+        na["tensor_cores"] = (
+            "no kernel was launched by a GEMM/conv op with known input types, and no kernel "
+            "name matches the tensor-core or FP32-GEMM pattern lists"
+        )
     flops = flop_facts(rt, totals.window_us)
     if flops.total_flops is None:
-        na["flops"] = "no CPU op carries args.flops (profile with with_flops=True)"
+        why = "; ".join(f"{n} op(s): {r}" for r, n in sorted(rt.flops_estimate_skipped.items()))
+        na["flops"] = (
+            "no CPU op carries args.flops and no GEMM/conv op has an Input Dims FLOP estimate"
+            + (f" ({why})" if why else " (profile with record_shapes=True)")
+        )
+    elif rt.flops_estimate_skipped and flops.flops_source != "trace args.flops":
+        why = "; ".join(f"{n} op(s): {r}" for r, n in sorted(rt.flops_estimate_skipped.items()))
+        na["flops.partial"] = f"GEMM/conv ops left out of the FLOP estimate: {why}"
     if rt.rank is None:
         na["rank"] = "no distributedInfo.rank and no rank in the file name"
     if rt.skipped_device_events:
