@@ -175,6 +175,8 @@ class Session:
         self._dataloader_timed = False
         self._profiler: Any = None
         self._profiler_live = False
+        self._trace_window: tuple[int, int] | None = None
+        """Steps [first, end) that torch.profiler records, once it has started."""
         self._sampler: Any = None
         self._trace_tmp: Path | None = None
         self._writer: TraceWriter | None = None
@@ -238,14 +240,32 @@ class Session:
         with self.failopen.guard("profiler"):
             self._trace_tmp = Path(tempfile.mkdtemp(prefix="mgprof-traces-"))
             self._writer = TraceWriter(self._trace_tmp, self._info.worker_name)
-            self._profiler = build_profiler(
-                self.trace_config, self._writer, use_cuda=bool(self._cuda_indices)
-            )
-            if self._profiler is not None:
-                self._profiler.start()
-                self._profiler_live = True
+        if self.auto:
+            self._start_profiler(0)  # instrumentation marks steps by calls: the form is known
         self._boundary = self._clock.mark()
         return self
+
+    def _start_profiler(self, done: int) -> None:
+        """Start torch.profiler once the step form is known, ``done`` steps into the run.
+
+        Until the form is known the first step cannot be told from the second (a call at the end
+        of iteration 0, or the start of a ``with`` block?), so the profiler waits and the schedule
+        joins its schedule at step ``done``; steps before the start are never traced.
+        """
+        cfg = self.trace_config
+        first, end = cfg.skip + cfg.warmup, cfg.skip + cfg.warmup + cfg.active
+        start_at = max(first, done)
+        if cfg.active == 0 or self._writer is None or end <= start_at:
+            return
+        with self.failopen.guard("profiler"):
+            self._profiler = build_profiler(cfg, self._writer, use_cuda=bool(self._cuda_indices))
+            if self._profiler is not None:
+                # join the schedule where the run is, so ProfilerStep#N is the record's step N
+                self._profiler.step_num = done
+                self._profiler.current_action = self._profiler.schedule(done)
+                self._profiler.start()
+                self._profiler_live = True
+                self._trace_window = (start_at, end)
 
     def abandon(self) -> None:
         """Stop without writing anything: another session took over this process."""
@@ -292,6 +312,7 @@ class Session:
                     first, self._pending_first = self._pending_first, None
                     self._close(self._boundary_or(first.mark), first.mark, first)
                     self._close(first.mark, mark, handle)
+                    self._start_profiler(self.steps_done)
             return handle
         except Exception as exc:
             self.failopen.report("step", exc)
@@ -304,6 +325,7 @@ class Session:
         if self._mode is None:
             self._mode = "ctx"
             self._pending_first = None
+            self._start_profiler(self.steps_done)
         with self.failopen.guard("step"):
             handle.mark = self._clock.mark()
 
@@ -326,7 +348,7 @@ class Session:
             with self.failopen.guard("profiler"):
                 self._profiler.step()
                 done = self._step_index + len(self._steps)
-                if done > self.trace_config.last_traced_step:
+                if self._trace_window is not None and done >= self._trace_window[1]:
                     self._profiler_live = False
                     self._profiler.stop()  # window over: no profiler cost for the rest
         self._resolve_ready()
@@ -391,9 +413,8 @@ class Session:
             self._resolve_regions(wait)
 
     def _is_traced(self, index: int) -> bool:
-        cfg = self.trace_config
-        first = cfg.skip + cfg.warmup
-        return cfg.active > 0 and first <= index < first + cfg.active
+        window = self._trace_window
+        return window is not None and window[0] <= index < window[1]
 
     # -- regions ---------------------------------------------------------------------------
 
@@ -433,12 +454,17 @@ class Session:
             with self.failopen.guard("profiler"):
                 if self._profiler_live:
                     self._profiler_live = False
+                    if self._writer is not None:  # torch opened ProfilerStep#N for no step
+                        self._writer.drop_steps_from = self.steps_done
                     self._profiler.stop()
             with self.failopen.guard("timing"):
                 if self._cuda_indices:
                     torch.cuda.synchronize()
                 self._resolve_ready(wait=True)
-            sampler_record = SamplerRecord(kind="none", reason="sampling turned off")
+            sampler_record = SamplerRecord(
+                kind="none",
+                reason="sampling turned off" if not self.sample else "the sampler failed to start",
+            )
             if self._sampler is not None:
                 with self.failopen.guard("sampler"):
                     sampler_record = self._sampler.stop()

@@ -53,6 +53,9 @@ class TraceWriter:
         self.trace_dir = trace_dir
         self.worker = worker
         self.written: list[Path] = []
+        self.drop_steps_from: int | None = None
+        """Set when the session ends inside the window: ``ProfilerStep#N`` from here are no steps
+        (torch opens the next step span at each ``step()``, and ``stop()`` closes it)."""
 
     def __call__(self, prof: profile) -> None:
         self.trace_dir.mkdir(parents=True, exist_ok=True)
@@ -63,6 +66,8 @@ class TraceWriter:
         os.close(fd)
         try:
             prof.export_chrome_trace(raw)
+            if self.drop_steps_from is not None:
+                _drop_steps_from(raw, self.drop_steps_from)
             tmp_gz = raw + ".gz"
             with open(raw, "rb") as src, gzip.open(tmp_gz, "wb", compresslevel=3) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
@@ -72,6 +77,25 @@ class TraceWriter:
                 if os.path.exists(leftover):
                     os.unlink(leftover)
         self.written.append(target)
+
+
+def _drop_steps_from(path: str, first: int) -> None:
+    """Remove ``ProfilerStep#N`` spans with N >= first (the span torch opened after the last
+    real step), so a CPU trace's window, the union of step spans, covers only real steps."""
+    import msgspec
+
+    def opened_late(ev: object) -> bool:
+        name = ev.get("name") if isinstance(ev, dict) else None
+        if not isinstance(name, str) or not name.startswith("ProfilerStep#"):
+            return False
+        number = name[len("ProfilerStep#") :]
+        return number.isdigit() and int(number) >= first
+
+    with open(path, "rb") as src:
+        trace = msgspec.json.decode(src.read())
+    trace["traceEvents"] = [ev for ev in trace.get("traceEvents", []) if not opened_late(ev)]
+    with open(path, "wb") as dst:
+        dst.write(msgspec.json.encode(trace))
 
 
 def build_profiler(config: TraceConfig, writer: TraceWriter, use_cuda: bool) -> profile | None:
