@@ -33,13 +33,17 @@ def write_run(folder: Path) -> Path:
             RankRecord(
                 rank=r,
                 world_size=2,
-                steps=[StepRecord(index=i, duration_ms=20.0, batch_size=16) for i in range(4)],
+                # the same fingerprints on both ranks: the identical-batches finding must fire
+                steps=[
+                    StepRecord(index=i, duration_ms=20.0, batch_size=16, fingerprint=f"fp{i}")
+                    for i in range(4)
+                ],
             )
             for r in range(2)
         ],
         analysis={
             "findings": [
-                {"severity": "low", "title": "kept finding", "evidence": "e", "change": "c"}
+                {"severity": "low", "title": "stale finding", "evidence": "e", "change": "c"}
             ]
         },
     )
@@ -60,11 +64,14 @@ def test_every_format_to_stdout(
         assert back.analysis is not None
         # 3 steady steps x 16 samples / 60 ms = 800 samples/s per rank, 1600 for the job.
         assert back.analysis["job"]["samples_per_s"] == pytest.approx(1600.0)
-        assert back.analysis["findings"][0]["title"] == "kept finding"
+        rules = [f["rule"] for f in back.analysis["findings"]]
+        assert "identical_batches" in rules  # evaluated afresh; the stored one is replaced
+        assert all(f["title"] != "stale finding" for f in back.analysis["findings"])
     elif fmt == "md":
         assert "## Step time per rank" in out and "1,600.0" in out
     elif fmt == "term":
-        assert "Slowest rank" in out and "kept finding" in out
+        assert "Slowest rank" in out and "stale finding" not in out
+        assert "identical" in out.lower()
 
 
 @pytest.mark.skipif(HAS_HTML, reason="mgprof.report.html exists: html is a real format")

@@ -57,10 +57,16 @@ def register(subparsers: Any) -> None:
 
 
 def build_analysis(run: Any, run_dir: Path) -> dict[str, Any]:
-    """Fresh figures over whatever ``run.analysis`` already holds (e.g. findings from analyze)."""
+    """Fresh figures and findings over whatever ``run.analysis`` already holds.
+
+    Findings are evaluated again so a saved run gets the current rule set, never stale advice.
+    """
+    from mgprof.analyze.findings import evaluate_findings
     from mgprof.analyze.run_analysis import analyze_run
 
-    return {**(run.analysis or {}), **analyze_run(run, run_dir)}
+    analysis = {**(run.analysis or {}), **analyze_run(run, run_dir)}
+    analysis["findings"] = evaluate_findings(run, analysis)
+    return analysis
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.run_dir)
     if not path.exists():
         raise UsageError(f"{path} does not exist; give a run directory made by 'mgprof analyze'")
+    if _is_comparison(path):
+        return _render_comparison(path, args.format, out)
     run_record = read_run(path)
     run_dir = path if path.is_dir() else path.parent
     analysis = build_analysis(run_record, run_dir)
@@ -85,6 +93,39 @@ def run(args: argparse.Namespace) -> int:
         render_run(run_record, analysis, Console())
         return 0
     text = _text_renderers()[args.format](run_record, analysis)
+    if out is not None:
+        from mgprof.atomic import write_text_atomic
+
+        write_text_atomic(out, text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _is_comparison(path: Path) -> bool:
+    """A directory made by ``mgprof compare`` (comparison.json, no run.json), or that file."""
+    if path.is_dir():
+        return (path / "comparison.json").is_file() and not (path / "run.json").exists()
+    return path.name == "comparison.json"
+
+
+def _render_comparison(path: Path, fmt: str, out: Path | None) -> int:
+    from mgprof.analyze.scaling import read_comparison
+    from mgprof.report import compare_view
+
+    comp = read_comparison(path)
+    if fmt == "term":
+        from rich.console import Console
+
+        compare_view.render_comparison(comp, Console(), str(path))
+        return 0
+    if fmt == "html":
+        raise UsageError("a comparison renders as term, json or md; open each run for HTML")
+    text = (
+        compare_view.comparison_to_json(comp)
+        if fmt == "json"
+        else compare_view.comparison_to_markdown(comp)
+    )
     if out is not None:
         from mgprof.atomic import write_text_atomic
 

@@ -57,8 +57,12 @@ def _section(section: Section) -> list[str]:
         lines.append(f"- **{escape_md(f.get('severity', ''))}** {escape_md(f.get('title', ''))}")
         if f.get("evidence"):
             lines.append(f"  - evidence: {escape_md(f['evidence'])}")
+        if f.get("cause"):
+            lines.append(f"  - cause: {escape_md(f['cause'])}")
         if f.get("change"):
             lines.append(f"  - change: {escape_md(f['change'])}")
+        if f.get("saving"):
+            lines.append(f"  - could save: {escape_md(f['saving'])}")
     if section.findings:
         lines.append("")
     for note in section.notes:

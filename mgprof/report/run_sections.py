@@ -518,7 +518,10 @@ def _findings(analysis: Mapping[str, Any]) -> Section:
     sec = Section("Findings")
     raw = analysis.get("findings", [])
     sec.findings = [
-        {k: str(f.get(k, "")) for k in ("severity", "title", "evidence", "change")}
+        {
+            k: str(f.get(k) or "")
+            for k in ("severity", "title", "evidence", "cause", "change", "saving")
+        }
         for f in (raw if isinstance(raw, list) else [])
         if isinstance(f, dict)
     ]

@@ -61,8 +61,12 @@ def _render_section(section: Section, console: Console) -> None:
         console.print(head)
         if finding.get("evidence"):
             console.print(Text("  evidence: " + finding["evidence"]))
+        if finding.get("cause"):
+            console.print(Text("  cause:    " + finding["cause"]))
         if finding.get("change"):
             console.print(Text("  change:   " + finding["change"]))
+        if finding.get("saving"):
+            console.print(Text("  saving:   " + finding["saving"]))
     for note in section.notes:
         console.print(Text(note, style="italic"))
     for footnote in section.footnotes:
