@@ -20,9 +20,7 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -31,6 +29,24 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
             pass
         raise
     return target
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux shows it (``/proc``).
+
+    ``os.umask`` can only be read by setting it: another thread creating a file in between
+    (a sampler, a trace writer) would get mode 0666/0777, so it is the fallback only.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:

@@ -23,10 +23,23 @@ import msgspec
 from mgprof import rundir
 from mgprof.collect.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
-from mgprof.records import RunRecord, read_run
+from mgprof.failures import (
+    collective_of,
+    describe_exits,
+    is_torchrun_line,
+    last_meaningful,
+    parse_torchrun_failures,
+    signal_name,
+)
+from mgprof.records import RankExit, RunRecord, read_run
 
 STRATEGIES = ("single", "dp", "ddp")
 STDERR_TAIL_LINES = 40
+COLLECTIVE_TIMEOUT_ENV = "MGPROF_COLLECTIVE_TIMEOUT_S"
+"""Seconds a collective may wait for its peers before the process group raises (workers'
+``init_process_group`` timeout), so a rank stuck in a collective ends the run instead of hanging."""
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+TORCHRUN_LINES_KEPT = 4000
 
 
 @dataclass(kw_only=True)
@@ -47,6 +60,7 @@ class LaunchConfig:
     rdzv_backend: str = "c10d"
     extra_env: dict[str, str] = field(default_factory=dict)
     run_name: str | None = None
+    collective_timeout_s: float | None = DEFAULT_COLLECTIVE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.script.exists():
@@ -71,6 +85,11 @@ class LaunchConfig:
             )
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES)}")
+        timeout = self.collective_timeout_s
+        if timeout is not None and not 0 < timeout < float("inf"):
+            raise UsageError(
+                f"--collective-timeout must be a number of seconds above 0, got {timeout}"
+            )
 
 
 @dataclass
@@ -172,6 +191,8 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
     )
     if config.steps is not None:
         env["MGPROF_STEPS"] = str(config.steps)
+    if config.collective_timeout_s is not None:
+        env[COLLECTIVE_TIMEOUT_ENV] = f"{config.collective_timeout_s:g}"
     if not p.cuda:
         env.setdefault("OMP_NUM_THREADS", "1")  # N CPU ranks share the cores: no oversubscription
     env.update(config.extra_env)
@@ -194,6 +215,8 @@ class _Tail:
 
     def __init__(self, src: IO[bytes], dst: IO[bytes], keep: int) -> None:
         self.lines: list[str] = []
+        self.torchrun: list[str] = []
+        """torchrun's failure-summary lines, kept however long the rest of the output is."""
         self._keep = keep
         self._thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
         self._thread.start()
@@ -209,6 +232,8 @@ class _Tail:
             if line and not line.startswith("USDT:"):
                 self.lines.append(line)
                 del self.lines[: -self._keep]
+                if is_torchrun_line(line) and len(self.torchrun) < TORCHRUN_LINES_KEPT:
+                    self.torchrun.append(line)
 
     def join(self) -> None:
         self._thread.join(timeout=5)
@@ -231,7 +256,12 @@ def launch(config: LaunchConfig, on_progress: ProgressCallback | None = None) ->
         cpu_fallback_reason=p.cpu_fallback_reason,
         status="running",
     )
-    rundir.write_run(run_dir, initial)
+    try:
+        rundir.write_run(run_dir, initial)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write {run_dir / rundir.RUN_JSON}: {exc.strerror}; pass a writable --out"
+        ) from None
     cmd = worker_command(config, p)
     env = worker_env(config, p, run_dir)
     proc = subprocess.Popen(
@@ -253,17 +283,29 @@ def launch(config: LaunchConfig, on_progress: ProgressCallback | None = None) ->
     code = proc.wait()
     if on_progress is not None:
         on_progress(read_progress(run_dir / ".progress"))
-    run = finalize(run_dir, initial, code, err_tail.lines, interrupted)
-    return LaunchResult(run_dir=run_dir, run=run, exit_code=130 if interrupted else code, plan=p)
+    run = finalize(run_dir, initial, code, err_tail.lines, interrupted, err_tail.torchrun)
+    return LaunchResult(
+        run_dir=run_dir, run=run, exit_code=130 if interrupted else shell_code(code), plan=p
+    )
+
+
+def shell_code(code: int) -> int:
+    """A ``Popen`` return code as a shell reports it: killed by signal N (``-N``) is 128+N."""
+    return 128 - code if code < 0 else code
 
 
 def _stop_group(proc: subprocess.Popen[bytes], sig: int, grace_s: float = 20.0) -> None:
-    """Pass Ctrl-C to the workers, then insist: the launcher never hangs on a stuck rank."""
+    """Pass Ctrl-C to the workers, then insist: the launcher never hangs on a stuck rank.
+
+    A second Ctrl-C while the workers finish their records ends the wait at once (SIGKILL).
+    """
     try:
         os.killpg(proc.pid, sig)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=grace_s)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     except ProcessLookupError:
         pass
 
@@ -274,6 +316,7 @@ def finalize(
     code: int,
     stderr_tail: list[str],
     interrupted: bool,
+    torchrun_lines: list[str] | None = None,
 ) -> RunRecord:
     """Merge what the ranks left (gathered run.json or per-rank partials) and set the status.
 
@@ -288,17 +331,18 @@ def finalize(
     run = msgspec.structs.replace(run, world_size=initial.world_size)
     run = rundir.merge_ranks(run, rundir.read_partials(run_dir))
     satellite = initial.nnodes > 1 and not any(r.rank == 0 for r in run.ranks)
-    rank_errors = [f"rank {r.rank}: {r.error.splitlines()[0]}" for r in run.ranks if r.error]
+    rank_errors = [_rank_error(r.rank, r.error) for r in run.ranks if r.error]
+    exits = parse_torchrun_failures(torchrun_lines or [], single_node=initial.nnodes == 1)
     error = None
     if interrupted:
         error = "interrupted (Ctrl-C)"
     elif code != 0:
-        last = stderr_tail[-1] if stderr_tail else ""
-        error = f"script exited with code {code}" + (f": {last}" if last else "")
+        error = _failure(code, exits, stderr_tail, rank_errors)
     elif rank_errors:
         error = rank_errors[0]
-    if run.missing_ranks and error is None and not satellite:
-        error = f"no record from rank(s) {', '.join(map(str, run.missing_ranks))}"
+    if run.missing_ranks and not satellite and not interrupted:
+        missing = f"no record from rank(s) {', '.join(map(str, run.missing_ranks))}"
+        error = missing if error is None else f"{error}; {missing}"
     if not run.ranks and error is None and not satellite:
         error = "the script made no optimizer step and opened no mgprof session: nothing measured"
     status = "complete" if error is None else "incomplete"
@@ -315,6 +359,43 @@ def finalize(
         cpu_fallback_reason=initial.cpu_fallback_reason,
         script=initial.script,
         script_args=initial.script_args,
+        rank_exits=exits,
     )
-    rundir.write_run(run_dir, run)
+    try:
+        rundir.write_run(run_dir, run)
+    except OSError as exc:  # the folder went away or read-only mid-run: the script's result stands
+        print(
+            f"mgprof: error: cannot write {run_dir / rundir.RUN_JSON}: {exc.strerror}; "
+            "the run's record is lost, the script's own outputs and exit code are not",
+            file=sys.stderr,
+        )
     return run
+
+
+def _rank_error(rank: int, error: str) -> str:
+    """``rank 0: RuntimeError: ... Timed out ... (in all_reduce)``: the first line, and the
+    collective the traceback failed in, since gloo's and NCCL's messages rarely name it."""
+    text = f"rank {rank}: {error.splitlines()[0]}"
+    collective = collective_of(error)
+    return f"{text} (in {collective})" if collective else text
+
+
+def _failure(
+    code: int, exits: list[RankExit], stderr_tail: list[str], rank_errors: list[str]
+) -> str:
+    """One line on a failed launch: who died of what first, then what the ranks said."""
+    if code < 0:
+        head = f"script was killed by {signal_name(code) or f'signal {-code}'} (exit code {code})"
+    else:
+        head = f"script exited with code {code}"
+    if exits:
+        detail = describe_exits(exits)
+        timeouts = [e for e in rank_errors if "timed out" in e.lower() or "timeout" in e.lower()]
+        said = timeouts or [e for e in rank_errors if "(in " in e]
+        if said:
+            detail += f"; {said[0]}"
+        if timeouts:
+            detail += " (a rank stopped answering; raise --collective-timeout if it was only slow)"
+        return f"{head}: {detail}"
+    last = last_meaningful(stderr_tail)
+    return f"{head}: {last}" if last else head

@@ -129,6 +129,20 @@ class RankRecord(Struct):
     error: str | None = None
 
 
+class RankExit(Struct):
+    """How one worker process ended, as torchrun reported it (only for failed workers)."""
+
+    rank: int | None
+    """Global rank; None when torchrun named only the local rank on a multi-node job."""
+    exit_code: int
+    """Negative: killed by that signal (-9 is SIGKILL); 128+N: exited on signal N's handler."""
+    local_rank: int | None = None
+    signal: str | None = None
+    """``SIGKILL``, ``SIGTERM``... when the exit code says a signal ended the process."""
+    root_cause: bool = False
+    """The first failure torchrun observed; the others were usually stopped because of it."""
+
+
 class RunRecord(Struct):
     """One run: all ranks gathered on rank 0, plus what the launcher knows."""
 
@@ -148,6 +162,8 @@ class RunRecord(Struct):
     exit_code: int | None = None
     ranks: list[RankRecord] = msgspec.field(default_factory=list)
     missing_ranks: list[int] = msgspec.field(default_factory=list)
+    rank_exits: list[RankExit] = msgspec.field(default_factory=list)
+    """Failed worker processes (rank, exit code, signal) from torchrun's failure summary."""
     analysis: dict[str, Any] | None = None
     """Results of ``mgprof.analyze`` on this run (trace figures, findings), filled after the run."""
 

@@ -1,7 +1,9 @@
 """Process-wide hooks that observe how a script trains, without changing what it does.
 
 Installed while a session runs: DataLoader iteration is timed (data-loading stalls),
-``destroy_process_group`` first lets the session send its record to rank 0, and a few
+``destroy_process_group`` first lets the session send its record to rank 0,
+``init_process_group`` gets ``mgprof analyze --collective-timeout`` when the script gives no
+timeout of its own (so a rank stuck in a collective fails the run instead of hanging), and a few
 facts are noted for the findings (loader workers, pin_memory, DistributedSampler and set_epoch,
 autocast, DDP's find_unused_parameters and bucket size). Each patch calls the original first
 or last and swallows its own errors, so the script's behaviour is unchanged.
@@ -9,6 +11,8 @@ or last and swallows its own errors, so the script's behaviour is unchanged.
 
 from __future__ import annotations
 
+import datetime
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +96,34 @@ def _destroy_process_group(*args: Any, **kwargs: Any) -> Any:
     return _originals.get("destroy", _destroy_fallback)(*args, **kwargs)
 
 
+COLLECTIVE_TIMEOUT_ENV = "MGPROF_COLLECTIVE_TIMEOUT_S"
+"""Set by the launcher (``--collective-timeout``); mirrors ``mgprof.launch``'s constant."""
+
+
+def collective_timeout() -> datetime.timedelta | None:
+    """The process-group timeout the launcher asked for, or None (torch's default applies)."""
+    try:
+        seconds = float(os.environ.get(COLLECTIVE_TIMEOUT_ENV, ""))
+    except ValueError:
+        return None
+    return datetime.timedelta(seconds=seconds) if 0 < seconds < 1e9 else None
+
+
+def _init_process_group(*args: Any, **kwargs: Any) -> Any:
+    """``init_process_group`` with the launcher's timeout unless the script chose one."""
+    if "timeout" not in kwargs and len(args) < 3:  # (backend, init_method, timeout, ...)
+        timeout = collective_timeout()
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+    return _originals.get("init", _init_fallback)(*args, **kwargs)
+
+
+def _init_fallback(*args: Any, **kwargs: Any) -> Any:
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d.init_process_group(*args, **kwargs)
+
+
 def _destroy_fallback(*args: Any, **kwargs: Any) -> Any:
     import torch.distributed as dist
 
@@ -118,6 +150,8 @@ def install(session: Session | None) -> None:
     if torch.distributed.is_available():
         _originals["destroy"] = torch.distributed.destroy_process_group
         torch.distributed.destroy_process_group = _destroy_process_group
+        _originals["init"] = torch.distributed.init_process_group
+        torch.distributed.init_process_group = _init_process_group
     _BaseDataLoaderIter.__next__ = _timed_next  # type: ignore[method-assign]
     DistributedSampler.set_epoch = _set_epoch  # type: ignore[method-assign]
     torch.autocast.__enter__ = _autocast_enter  # type: ignore[method-assign]
@@ -140,3 +174,5 @@ def uninstall(session: Session) -> None:
     DistributedDataParallel.__init__ = _originals.pop("ddp_init")  # type: ignore[method-assign]
     if "destroy" in _originals:
         torch.distributed.destroy_process_group = _originals.pop("destroy")
+    if "init" in _originals:
+        torch.distributed.init_process_group = _originals.pop("init")

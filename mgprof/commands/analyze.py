@@ -59,6 +59,14 @@ def register(subparsers: Any) -> None:
         default="term",
         help="report printed at the end (default: term)",
     )
+    p.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="a collective waiting longer than this for its peers fails the run, naming the "
+        "collective and the ranks, instead of hanging (default: 600)",
+    )
     p.set_defaults(func=run)
 
 
@@ -78,6 +86,7 @@ def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
         node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_backend=args.rdzv_backend,
+        collective_timeout_s=getattr(args, "collective_timeout", 600.0),
     )
 
 
@@ -96,7 +105,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return result.exit_code
-    run_record, analysis = finish_run(result.run_dir, result.run)
+    try:
+        run_record, analysis = finish_run(result.run_dir, result.run)
+    except OSError as exc:
+        # The output folder became unwritable (or vanished) during the run: say so in one line
+        # and keep the script's exit code, which is the training's result.
+        print(
+            f"mgprof analyze: error: cannot write the report into {result.run_dir}: "
+            f"{exc.strerror or exc}; check the --out folder (the script exited with code "
+            f"{result.exit_code})",
+            file=sys.stderr,
+        )
+        return result.exit_code
     print_report(run_record, analysis, result.run_dir, args.format)
     return result.exit_code
 

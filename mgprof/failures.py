@@ -1,0 +1,128 @@
+"""Why a launched run failed, in words: which ranks died, of which signal, in which collective.
+
+torchrun prints a failure summary on stderr (``rank : 1 (local_rank: 1)`` / ``exitcode : -9``
+blocks under ``Failures:`` and ``Root Cause``, and ``failed (exitcode: -9) local_rank: 1`` log
+lines); the launcher keeps those lines and this module turns them into ``RankExit`` records and
+one sentence. Importable without torch.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterable
+
+import msgspec
+
+from mgprof.records import RankExit
+
+_BLOCK_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_BLOCK_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_LOG_LINE = re.compile(r"failed \(exitcode:\s*(-?\d+)\)\s*local_rank:\s*(\d+)")
+_ROOT = re.compile(r"^\s*Root Cause")
+_C10D_FRAME = re.compile(r"distributed_c10d\.py\", line \d+, in (\w+)")
+
+
+def is_torchrun_line(line: str) -> bool:
+    """Whether a stderr line belongs to torchrun's failure summary (kept apart from the tail)."""
+    return bool(
+        _BLOCK_RANK.match(line)
+        or _BLOCK_CODE.match(line)
+        or _ROOT.match(line)
+        or _LOG_LINE.search(line)
+    )
+
+
+def signal_name(exit_code: int) -> str | None:
+    """``SIGKILL`` for -9 (killed) or 137 (128 + 9, a handler's exit); None for other codes."""
+    number = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else 0
+    try:
+        return signal.Signals(number).name if number > 0 else None
+    except ValueError:
+        return None
+
+
+def parse_torchrun_failures(lines: Iterable[str], single_node: bool = True) -> list[RankExit]:
+    """Failed workers from torchrun's summary lines, root cause first, one entry per rank.
+
+    The ``Failures``/``Root Cause`` blocks name global ranks; the log lines only local ranks,
+    which equal global ranks on one node and are used when no block survived.
+    """
+    by_rank: dict[int, RankExit] = {}
+    by_local: dict[int, RankExit] = {}
+    root = False
+    pending: tuple[int, int] | None = None
+    for line in lines:
+        if _ROOT.match(line):
+            root = True
+            continue
+        m = _BLOCK_RANK.match(line)
+        if m:
+            pending = (int(m.group(1)), int(m.group(2)))
+            continue
+        m = _BLOCK_CODE.match(line)
+        if m and pending is not None:
+            code = int(m.group(1))
+            rank, local = pending
+            pending = None
+            previous = by_rank.get(rank)
+            by_rank[rank] = RankExit(
+                rank=rank,
+                local_rank=local,
+                exit_code=code,
+                signal=signal_name(code),
+                root_cause=root or (previous is not None and previous.root_cause),
+            )
+            continue
+        m = _LOG_LINE.search(line)
+        if m:
+            code, local = int(m.group(1)), int(m.group(2))
+            by_local.setdefault(
+                local,
+                RankExit(
+                    rank=local if single_node else None,
+                    local_rank=local,
+                    exit_code=code,
+                    signal=signal_name(code),
+                ),
+            )
+    exits = list(by_rank.values())
+    if not exits:
+        exits = list(by_local.values())
+        if exits:  # torchrun logs the first failure it observes first
+            exits[0] = msgspec.structs.replace(exits[0], root_cause=True)
+    return sorted(exits, key=lambda e: (not e.root_cause, e.rank if e.rank is not None else -1))
+
+
+def describe_exit(e: RankExit) -> str:
+    who = f"rank {e.rank}" if e.rank is not None else f"local rank {e.local_rank}"
+    if e.exit_code < 0 and e.signal:
+        return f"{who} was killed by {e.signal} (exit code {e.exit_code})"
+    if e.signal:
+        return f"{who} exited with code {e.exit_code} ({e.signal})"
+    return f"{who} exited with code {e.exit_code}"
+
+
+def describe_exits(exits: list[RankExit]) -> str:
+    """E.g. ``rank 1 was killed by SIGKILL (exit code -9); then rank 0 exited with code 143
+    (SIGTERM)``: the root cause first, then the ranks torchrun stopped because of it."""
+    first = [describe_exit(e) for e in exits if e.root_cause]
+    rest = [describe_exit(e) for e in exits if not e.root_cause]
+    if not first:
+        return ", ".join(rest)
+    return ", ".join(first) + (f"; then {', '.join(rest)}" if rest else "")
+
+
+def collective_of(error: str) -> str | None:
+    """The ``torch.distributed`` call a rank's traceback failed in (``all_reduce``...), if any."""
+    frames = _C10D_FRAME.findall(error)
+    return frames[0] if frames else None
+
+
+def last_meaningful(lines: list[str]) -> str:
+    """The last stderr line that says something (not a ``=====`` rule)."""
+    for line in reversed(lines):
+        text = line.strip()
+        if text and text.strip("=-_* ") and not text.startswith("USDT:"):
+            return text
+    return ""
