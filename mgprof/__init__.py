@@ -23,6 +23,7 @@ _EXPORTS = {
     "RunRecord": "mgprof.records",
     "RankRecord": "mgprof.records",
     "read_run": "mgprof.records",
+    "compare": "mgprof.comparison",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -129,6 +129,8 @@ class AutoInstrument:
         raise StepLimitReached(0)
 
     def finish(self, error: str | None = None) -> None:
+        if self.ab is not None and self.ab.active:
+            self.ab.abandon()  # the script ended first: state back, partial times kept
         if self.session is not None and not self.session._closed:
             self.session.stop(error=error)
 
@@ -192,12 +194,16 @@ def main(argv: list[str] | None = None) -> int:
             _finish_explicit(None)  # a paused session of the script's own: record it now
         return 0
     except SystemExit as exc:
+        # a second SIGTERM while the record is written must not cut it off: torchrun still
+        # SIGKILLs this rank after its grace period, so nothing can hang
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         code = exc.code
         failed = code not in (None, 0)
         auto.finish(error=f"exited with code {code}" if failed else None)
         _finish_explicit(f"exited with code {code}" if failed else None)
         raise
     except BaseException as exc:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         auto.finish(error=text.strip().splitlines()[-1] + "\n" + text)
         _finish_explicit(text)

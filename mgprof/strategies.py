@@ -7,9 +7,11 @@ needed: gloo on CPU, NCCL on CUDA.
 
 from __future__ import annotations
 
+import datetime
 import os
 import random
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -18,9 +20,13 @@ from torch import nn
 
 STRATEGY_ENV = "MGPROF_STRATEGY"
 BATCH_SIZE_ENV = "MGPROF_BATCH_SIZE"
+NOSYNC_STEPS_ENV = "MGPROF_NOSYNC_STEPS"
+"""Set by ``mgprof compare``: DDP models get the switchable comm hook for the no-sync A/B."""
 STRATEGIES = ("single", "dp", "ddp")
 
 _dp_device_ids: list[int] | None = None
+_skip_grad_sync = False
+_switchable: list[weakref.ref[nn.Module]] = []
 
 
 def _local_rank() -> int:
@@ -77,11 +83,17 @@ def init_process_group() -> None:
         raise RuntimeError(
             "DDP needs a process group: launch with 'mgprof analyze --gpus N' or torchrun"
         )
+    kwargs: dict[str, Any] = {}
+    timeout_s = os.environ.get("MGPROF_COLLECTIVE_TIMEOUT_S")  # mgprof analyze --collective-timeout
+    if timeout_s:
+        kwargs["timeout"] = datetime.timedelta(seconds=float(timeout_s))
     if torch.cuda.is_available():
         torch.cuda.set_device(_local_rank() % torch.cuda.device_count())
-        dist.init_process_group(backend="nccl", device_id=torch.device("cuda", _local_rank()))
+        dist.init_process_group(
+            backend="nccl", device_id=torch.device("cuda", _local_rank()), **kwargs
+        )
     else:
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", **kwargs)
 
 
 def wrap(
@@ -121,9 +133,57 @@ def wrap(
         if torch.cuda.is_available():
             dev = device()
             ids = device_ids or [dev.index]
-            return DistributedDataParallel(model.to(dev), device_ids=ids, **ddp_kwargs)
-        return DistributedDataParallel(model, **ddp_kwargs)
+            ddp = DistributedDataParallel(model.to(dev), device_ids=ids, **ddp_kwargs)
+        else:
+            ddp = DistributedDataParallel(model, **ddp_kwargs)
+        if _nosync_requested():
+            try:
+                ddp.register_comm_hook(None, _switchable_allreduce)
+                _switchable.append(weakref.ref(ddp))
+            except Exception as exc:  # fail open: no A/B, the training runs as usual
+                warnings.warn(
+                    f"mgprof.wrap: sync A/B disabled: {type(exc).__name__}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return ddp
     return model.to(device())
+
+
+def _nosync_requested() -> bool:
+    """Only ``mgprof compare`` asks for the A/B; plain ``wrap`` keeps DDP's built-in all-reduce."""
+    try:
+        return int(os.environ.get(NOSYNC_STEPS_ENV, "0") or 0) > 0
+    except ValueError:
+        return False
+
+
+def _switchable_allreduce(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP comm hook: the standard averaging all-reduce, or, while the A/B's "B" steps run, the
+    local gradient unchanged (a completed future) so the step pays no communication at all.
+
+    Unannotated on purpose: DDP rejects a hook whose annotations are not the real
+    ``dist.GradBucket``/``Future`` classes, and this module's annotations are strings.
+    """
+    if _skip_grad_sync:
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return allreduce_hook(state, bucket)
+
+
+def set_grad_sync(enabled: bool) -> None:
+    """Switch gradient synchronisation of the models wrapped for the A/B on or off."""
+    global _skip_grad_sync
+    _skip_grad_sync = not enabled
+
+
+def switchable_models() -> list[nn.Module]:
+    """DDP models (still alive) whose gradient sync ``set_grad_sync`` controls."""
+    alive = [ref() for ref in _switchable]
+    return [m for m in alive if m is not None]
 
 
 def seed_everything(seed: int, per_rank: bool = True) -> int:

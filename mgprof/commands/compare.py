@@ -1,0 +1,106 @@
+"""``mgprof compare SCRIPT --gpus N``: single vs DataParallel vs DDP, measured, in one table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from mgprof.commands.analyze import add_launch_arguments
+from mgprof.errors import UsageError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "compare",
+        usage="mgprof compare SCRIPT --gpus N [--strategies single,dp,ddp] [--steps K] "
+        "[--batch-size B [--global-batch]] [--out DIR] [-- SCRIPT_ARGS]",
+        help="run a script as single device, DataParallel and DDP and compare them",
+        description="Run SCRIPT (which uses mgprof.wrap) under each strategy with the same "
+        "warm-up and measured steps, and print speedup, scaling efficiency, communication "
+        "share and peak memory per device, with a verdict.",
+    )
+    add_launch_arguments(p)
+    p.set_defaults(steps=10)
+    p.add_argument(
+        "--strategies",
+        default="single,dp,ddp",
+        help="comma-separated subset of single,dp,ddp (default: all three)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        metavar="B",
+        help="per-device batch (weak scaling), or the global batch with --global-batch; "
+        "reaches the script as mgprof.batch_size() (default: the script's own)",
+    )
+    p.add_argument(
+        "--global-batch",
+        action="store_true",
+        help="keep the global batch fixed (strong scaling): DDP ranks get B/N each",
+    )
+    p.add_argument(
+        "--nosync-steps",
+        type=int,
+        default=6,
+        metavar="M",
+        help="DDP A/B: M steps with and M without gradient sync after the measured steps; "
+        "0 turns it off (default: 6)",
+    )
+    p.add_argument(
+        "--format",
+        choices=["term", "json", "md"],
+        default="term",
+        help="output printed at the end (default: term)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mgprof.comparison import compare
+
+    if args.nnodes != 1 or args.rdzv_endpoint:
+        raise UsageError("compare runs on one node; drop --nnodes/--rdzv-endpoint")
+    progress = None if args.quiet else _progress
+    comp = compare(
+        Path(args.script),
+        gpus=args.gpus,
+        strategies=args.strategies,
+        steps=args.steps,
+        warmup=args.warmup,
+        batch_size=args.batch_size,
+        global_batch=args.global_batch,
+        out=Path(args.out),
+        script_args=list(args.script_args),
+        nosync_steps=args.nosync_steps,
+        trace_steps=args.active,
+        on_progress=progress,
+    )
+    where = Path(args.out) / comp.comparison_id
+    if args.format == "json":
+        from mgprof.report.compare_view import comparison_to_json
+
+        sys.stdout.write(comparison_to_json(comp))
+    elif args.format == "md":
+        from mgprof.report.compare_view import comparison_to_markdown
+
+        sys.stdout.write(comparison_to_markdown(comp))
+    else:
+        from rich.console import Console
+
+        from mgprof.report.compare_view import render_comparison
+
+        render_comparison(comp, Console(), str(where))
+    return 0 if comp.rows and all(r.status == "complete" for r in comp.rows) else 1
+
+
+_seen: set[str] = set()
+
+
+def _progress(strategy: str, counts: dict[int, int]) -> None:
+    """One line when each strategy starts: the table comes at the end."""
+    if strategy not in _seen:
+        _seen.add(strategy)
+        print(f"mgprof compare: running {strategy} ...", file=sys.stderr, flush=True)

@@ -1,0 +1,274 @@
+"""``mgprof.compare``: run one script as single device, DataParallel and DDP, and compare.
+
+(The module is ``comparison``, not ``compare``: a submodule named like the exported function
+would replace ``mgprof.compare`` with the module as soon as it is imported.)
+
+Each strategy runs through the normal launcher with the same warm-up and measured steps, so each
+leaves a complete run directory; they sit inside one comparison directory whose
+``comparison.json`` holds the table (``mgprof.analyze.scaling``), links to the runs and the
+verdict. Weak scaling (per-device batch fixed) is the default; ``global_batch=True`` keeps the
+global batch fixed instead. The batch reaches the script through ``MGPROF_BATCH_SIZE``
+(``mgprof.batch_size(default)``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from mgprof import rundir
+from mgprof.analyze.scaling import (
+    COMPARISON_JSON,
+    Comparison,
+    NotApplicable,
+    Row,
+    add_speedups,
+    analysis_rows,
+    build_row,
+    encode_comparison,
+    trial_batches,
+    verdict,
+)
+from mgprof.atomic import write_bytes_atomic
+from mgprof.errors import UsageError
+from mgprof.launch import STRATEGIES
+
+DEFAULT_STEPS = 10
+DEFAULT_NOSYNC_STEPS = 6
+
+
+def parse_strategies(text: str | Sequence[str]) -> list[str]:
+    """``single,dp,ddp`` (any order, no repeats) → list; UsageError naming the bad one."""
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    items = [s for s in items if s]
+    if not items:
+        raise UsageError("--strategies is empty; give e.g. single,dp,ddp")
+    for s in items:
+        if s not in STRATEGIES:
+            raise UsageError(f"--strategies: unknown strategy {s!r}; choose from single,dp,ddp")
+    if len(set(items)) != len(items):
+        raise UsageError("--strategies lists a strategy twice")
+    return items
+
+
+def _validate(
+    gpus: int,
+    steps: int,
+    warmup: int,
+    batch_size: int | None,
+    global_batch: bool,
+    nosync_steps: int,
+) -> None:
+    if gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {gpus}")
+    if steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {steps}")
+    if warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more, got {warmup}")
+    if nosync_steps < 0:
+        raise UsageError(f"--nosync-steps must be 0 or more, got {nosync_steps}")
+    if batch_size is not None and batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    if global_batch and batch_size is None:
+        raise UsageError("--global-batch needs --batch-size B (the global batch to keep fixed)")
+
+
+def _plan_all(
+    script: Path, strategies: Sequence[str], gpus: int, out: Path
+) -> tuple[list[str], list[NotApplicable], bool]:
+    """Which strategies can run here; DataParallel without CUDA becomes a not-applicable row."""
+    from mgprof.launch import LaunchConfig, plan
+
+    runnable: list[str] = []
+    skipped: list[NotApplicable] = []
+    cpu = False
+    for strategy in strategies:
+        n = 1 if strategy == "single" else gpus
+        try:
+            p = plan(LaunchConfig(script=script, gpus=n, strategy=strategy, out=out))
+        except UsageError as exc:
+            if strategy == "dp":
+                skipped.append(NotApplicable(strategy="dp", reason=str(exc)))
+                continue
+            raise
+        if strategy != "single" and gpus < 2:
+            skipped.append(
+                NotApplicable(strategy=strategy, reason=f"--gpus {gpus}: one device is 'single'")
+            )
+            continue
+        cpu = cpu or not p.cuda
+        runnable.append(strategy)
+    return runnable, skipped, cpu
+
+
+def compare(
+    script: str | os.PathLike[str],
+    gpus: int,
+    strategies: str | Sequence[str] = STRATEGIES,
+    steps: int = DEFAULT_STEPS,
+    warmup: int = 2,
+    batch_size: int | None = None,
+    global_batch: bool = False,
+    out: str | os.PathLike[str] = rundir.DEFAULT_ROOT,
+    script_args: Sequence[str] = (),
+    nosync_steps: int = DEFAULT_NOSYNC_STEPS,
+    trace_steps: int = 3,
+    on_progress: Callable[[str, dict[int, int]], None] | None = None,
+) -> Comparison:
+    """Run ``script`` under each strategy and return the comparison, also saved as
+    ``<out>/<comparison_id>/comparison.json`` beside the strategies' run directories.
+
+    ``batch_size``: per-device batch (weak scaling) or, with ``global_batch``, the global batch
+    (strong scaling); None leaves the script's own batch. ``nosync_steps``: steps each with and
+    without gradient sync in the DDP A/B (0 turns it off). Raises UsageError on bad input
+    before anything runs.
+    """
+    script_path = Path(script)
+    chosen = parse_strategies(strategies)
+    _validate(gpus, steps, warmup, batch_size, global_batch, nosync_steps)
+    mode: Literal["weak", "strong"] = "strong" if global_batch else "weak"
+    batches: dict[str, tuple[int, int]] | None = None
+    if batch_size is not None:
+        try:
+            batches = trial_batches(mode, batch_size, gpus)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if not script_path.exists():
+        raise UsageError(f"script {script_path} not found; give the path to a Python file")
+    if not script_path.is_file():
+        raise UsageError(f"{script_path} is not a file; give the path to a Python script")
+    out_path = Path(out)
+    runnable, skipped, cpu = _plan_all(script_path, chosen, gpus, out_path)
+    comp_dir = rundir.new_run_dir(out_path, f"compare-{script_path.stem}")
+    comp = Comparison(
+        comparison_id=comp_dir.name,
+        created_utc=rundir.utc_iso(),
+        script=str(script_path),
+        script_args=list(script_args),
+        mode=mode,
+        batch_size=batch_size,
+        gpus=gpus,
+        steps=steps,
+        warmup=warmup,
+        nosync_steps=nosync_steps,
+        cpu_fallback=cpu,
+        cpu_note=(
+            "no CUDA device visible: CPU ranks over gloo stand in for GPUs; the figures prove "
+            "the method, not GPU speed"
+            if cpu
+            else None
+        ),
+        not_applicable=skipped,
+    )
+    for strategy in runnable:
+        per_process = batches[strategy][0] if batches else None
+        row = _run_one(
+            comp_dir,
+            script_path,
+            strategy,
+            gpus,
+            steps=steps,
+            warmup=warmup,
+            trace_steps=trace_steps,
+            per_process_batch=per_process,
+            script_args=script_args,
+            nosync_steps=nosync_steps,
+            on_progress=on_progress,
+        )
+        comp.rows.append(row)
+        comp.runs[strategy] = row.run
+    add_speedups(comp.rows)
+    comp.verdict = verdict(comp.rows, cpu, mode)
+    write_bytes_atomic(comp_dir / COMPARISON_JSON, encode_comparison(comp))
+    _write_markdown(comp_dir, comp)
+    _link_runs(comp_dir, comp)
+    return comp
+
+
+def _link_runs(comp_dir: Path, comp: Comparison) -> None:
+    """Each strategy's run.json gets the table under ``analysis["comparison"]`` (and its HTML
+    report is re-rendered) so a single run's report shows where it stands among the others."""
+    from mgprof.atomic import write_text_atomic
+    from mgprof.records import read_run
+
+    table = analysis_rows(comp)
+    for name in comp.runs.values():
+        run_dir = comp_dir / name
+        run = read_run(run_dir)
+        analysis = {**(run.analysis or {}), "comparison": table}
+        run = msgspec.structs.replace(run, analysis=analysis)
+        rundir.write_run(run_dir, run)
+        try:
+            from mgprof.report.html import run_to_html
+        except ImportError:
+            continue
+        write_text_atomic(run_dir / "report.html", run_to_html(run, analysis))
+
+
+def _run_one(
+    comp_dir: Path,
+    script: Path,
+    strategy: str,
+    gpus: int,
+    *,
+    steps: int,
+    warmup: int,
+    trace_steps: int,
+    per_process_batch: int | None,
+    script_args: Sequence[str],
+    nosync_steps: int,
+    on_progress: Callable[[str, dict[int, int]], None] | None,
+) -> Row:
+    """Launch one strategy into the comparison directory, analyse it, make its row."""
+    from mgprof.collect.nosync import read_result
+    from mgprof.launch import LaunchConfig, launch
+    from mgprof.runreport import finish_run
+
+    env = {"MGPROF_COMPARE": "1"}
+    if per_process_batch is not None:
+        env["MGPROF_BATCH_SIZE"] = str(per_process_batch)
+    if strategy == "ddp" and nosync_steps > 0:
+        env["MGPROF_NOSYNC_STEPS"] = str(nosync_steps)
+    config = LaunchConfig(
+        script=script,
+        script_args=list(script_args),
+        gpus=1 if strategy == "single" else gpus,
+        strategy=strategy,
+        steps=steps,
+        warmup=warmup,
+        active=trace_steps,
+        out=comp_dir,
+        extra_env=env,
+        run_name=f"{strategy}-{script.stem}",
+    )
+    callback = None
+    if on_progress is not None:
+
+        def callback(counts: dict[int, int]) -> None:
+            on_progress(strategy, counts)
+
+    result = launch(config, on_progress=callback)
+    run, analysis = finish_run(result.run_dir, result.run)
+    ab: Any = None
+    if strategy == "ddp" and nosync_steps > 0:
+        found = read_result(result.run_dir, 0)
+        ab = None if found is None else {f: getattr(found, f) for f in found.__struct_fields__}
+    return build_row(
+        strategy,
+        run,
+        analysis,
+        result.run_dir.name,
+        per_process_batch,
+        ab,
+    )
+
+
+def _write_markdown(comp_dir: Path, comp: Comparison) -> None:
+    from mgprof.atomic import write_text_atomic
+    from mgprof.report.compare_view import comparison_to_markdown
+
+    write_text_atomic(comp_dir / "report.md", comparison_to_markdown(comp))

@@ -1,0 +1,160 @@
+"""Render a ``mgprof compare`` result: rich table, Markdown and JSON from one set of cells.
+
+Cells are built once (``table_cells``) so the three forms never disagree. Terminal cells are
+``rich.text.Text``, never markup, because notes quote error text that may contain brackets.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from mgprof.analyze.scaling import Comparison, Row, encode_comparison
+
+SHORT_COLUMNS = (
+    "strategy",
+    "dev",
+    "batch\n/dev",
+    "global\nbatch",
+    "step\nms",
+    "samples\n/s",
+    "speedup",
+    "eff.",
+    "comm\ntrace",
+    "comm\nA/B",
+    "peak MiB\n/device",
+)
+"""Terminal headers: the same columns, short enough for an 80-column terminal."""
+
+COLUMNS = (
+    "strategy",
+    "devices",
+    "batch/device",
+    "global batch",
+    "step time (ms)",
+    "samples/s",
+    "speedup",
+    "efficiency",
+    "exposed comm (trace)",
+    "comm (sync A/B)",
+    "peak mem/device (MiB)",
+)
+
+
+def _f(value: float | None, fmt: str, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def _batch(row: Row, value: int | None) -> str:
+    text = "n/a" if value is None else str(value)
+    return text if row.batch_controlled else f"{text}*"
+
+
+def _memory(row: Row) -> str:
+    if not row.peak_mem_mib:
+        return "n/a"
+    return "/".join(_f(v, ".0f") for v in row.peak_mem_mib)
+
+
+def row_cells(row: Row) -> list[str]:
+    """The table cells of one measured strategy, in ``COLUMNS`` order."""
+    return [
+        row.strategy,
+        str(row.devices),
+        _batch(row, row.batch_per_device),
+        _batch(row, row.global_batch),
+        _f(row.step_time_ms, ".1f"),
+        _f(row.samples_per_s, ".1f"),
+        _f(row.speedup, ".2f", "x"),
+        _f(row.efficiency_pct, ".0f", "%"),
+        _f(row.exposed_comm_pct, ".1f", "%"),
+        _f(row.ab_comm_pct, ".1f", "%"),
+        _memory(row),
+    ]
+
+
+def table_cells(comp: Comparison) -> list[list[str]]:
+    """Measured rows, then a row per strategy that does not apply, with its reason."""
+    cells = [row_cells(r) for r in comp.rows]
+    for na in comp.not_applicable:
+        cells.append([na.strategy, "-", *(["n/a"] * (len(COLUMNS) - 2))])
+    return cells
+
+
+def header_lines(comp: Comparison) -> list[str]:
+    """What was compared: script, scaling mode, steps; the batch rule in words."""
+    if comp.mode == "weak":
+        scaling = "weak scaling (per-device batch fixed; throughput scaling)"
+    else:
+        scaling = "strong scaling (global batch fixed; DDP ranks share it)"
+    batch = (
+        f"--batch-size {comp.batch_size}"
+        if comp.batch_size is not None
+        else "the script's own batch (not controlled)"
+    )
+    lines = [
+        f"script: {comp.script} {' '.join(comp.script_args)}".rstrip(),
+        f"mode: {scaling}; batch: {batch}",
+        f"steps: {comp.warmup} warm-up + {comp.steps} measured per strategy; "
+        f"sync A/B: {comp.nosync_steps} steps each with and without gradient sync",
+    ]
+    if comp.cpu_note:
+        lines.append(f"CPU: {comp.cpu_note}")
+    return lines
+
+
+def note_lines(comp: Comparison) -> list[str]:
+    """Reasons and caveats under the table."""
+    lines = [f"{na.strategy}: not applicable: {na.reason}" for na in comp.not_applicable]
+    for row in comp.rows:
+        lines += [f"{row.strategy}: {note}" for note in row.notes]
+    if any(not r.batch_controlled for r in comp.rows):
+        lines.append("* batch read from the records, not set by mgprof (see notes)")
+    lines.append(
+        "speedup = samples/s ÷ single's samples/s; efficiency = speedup ÷ devices; comm trace "
+        "= exposed communication share of the trace window; comm A/B = step time saved "
+        "without gradient sync; peak memory per device (CUDA allocated, or process RSS on CPU)"
+    )
+    return lines
+
+
+def render_comparison(comp: Comparison, console: Console, where: str | None = None) -> None:
+    """The terminal form: header, table, verdict, notes."""
+    console.rule(Text("mgprof compare", style="bold"), align="left")
+    for line in header_lines(comp):
+        console.print(Text(line))
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0))
+    for i, col in enumerate(SHORT_COLUMNS):
+        table.add_column(Text(col), justify="left" if i == 0 else "right", no_wrap=True)
+    for cells in table_cells(comp):
+        table.add_row(*(Text(c, style="dim" if c in ("n/a", "-") else "") for c in cells))
+    console.print(table)
+    console.print(Text("verdict: ", style="bold") + Text(comp.verdict))
+    for line in note_lines(comp):
+        console.print(Text(line, style="dim"))
+    if where:
+        console.print(Text(f"\ncomparison directory: {where}"))
+        console.print(Text(f"re-render: mgprof report {where}"))
+
+
+def comparison_to_markdown(comp: Comparison) -> str:
+    """GitHub-flavoured Markdown of the same table, with links to each strategy's run."""
+    out = [f"# mgprof compare: {comp.comparison_id or comp.script}", ""]
+    out += [f"- {line}" for line in header_lines(comp)]
+    out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for cells in table_cells(comp):
+        escaped = [c.replace("|", "\\|") for c in cells]
+        out.append("| " + " | ".join(escaped) + " |")
+    out += ["", f"**Verdict:** {comp.verdict}", ""]
+    out += [f"- {line}" for line in note_lines(comp)]
+    if comp.runs:
+        out += ["", "## Runs", ""]
+        out += [f"- {s}: [{name}]({name}/report.md)" for s, name in comp.runs.items()]
+    return "\n".join(out) + "\n"
+
+
+def comparison_to_json(comp: Comparison) -> str:
+    """The comparison.json content, as printed by ``--format json``."""
+    return encode_comparison(comp).decode("utf-8") + "\n"
