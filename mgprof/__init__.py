@@ -20,6 +20,8 @@ _EXPORTS = {
     "device": "mgprof.strategies",
     "seed_everything": "mgprof.strategies",
     "batch_size": "mgprof.strategies",
+    "find_sweet_spot": "mgprof.collect.sweet_spot",
+    "accumulation_steps": "mgprof.accum",
     "RunRecord": "mgprof.records",
     "RankRecord": "mgprof.records",
     "read_run": "mgprof.records",

@@ -169,3 +169,34 @@ def test_report_path_works_without_torch(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "Step time per rank" in proc.stdout
+
+
+@pytest.mark.parametrize("fmt", ["term", "json", "md"])
+def test_report_renders_a_sweep_directory(
+    fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``mgprof report`` on a sweep directory (sweep.json, no run.json) renders the sweep."""
+    from mgprof.analyze.sweep import Trial, summarize
+    from mgprof.sweep import write_sweep
+
+    trials = [
+        Trial(
+            batch_size=b,
+            status="ok",
+            step_time_ms=t,
+            samples_per_s=b / t * 1000,
+            samples_per_s_per_device=b / t * 1000,
+            peak_memory_mib=100 + b,
+            global_batch=b,
+        )
+        for b, t in ((8, 10.0), (16, 11.0), (32, 12.0))
+    ] + [Trial(batch_size=64, status="oom", global_batch=64)]
+    result = summarize(trials, capacity_mib=1000.0)
+    write_sweep(tmp_path, result)
+    assert main(["report", str(tmp_path), "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    if fmt == "json":
+        back = json.loads(out)
+        assert [t["batch_size"] for t in back["trials"]] == [8, 16, 32, 64]
+    else:
+        assert "32" in out and "oom" in out.lower()

@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{path} does not exist; give a run directory made by 'mgprof analyze'")
     if _is_comparison(path):
         return _render_comparison(path, args.format, out)
+    if _is_sweep(path):
+        return _render_sweep(path, args.format, out)
     run_record = read_run(path)
     run_dir = path if path.is_dir() else path.parent
     analysis = build_analysis(run_record, run_dir)
@@ -93,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         render_run(run_record, analysis, Console())
         return 0
     text = _text_renderers()[args.format](run_record, analysis)
+    return _emit(text, out)
+
+
+def _emit(text: str, out: Path | None) -> int:
+    """Text reports go to --out atomically, else to stdout."""
     if out is not None:
         from mgprof.atomic import write_text_atomic
 
@@ -100,6 +107,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _is_sweep(path: Path) -> bool:
+    """A directory made by ``mgprof sweep`` (sweep.json, no run.json), or that file."""
+    if path.is_dir():
+        return (path / "sweep.json").is_file() and not (path / "run.json").exists()
+    return path.name == "sweep.json"
+
+
+def _render_sweep(path: Path, fmt: str, out: Path | None) -> int:
+    from mgprof.report.sweep_view import render_sweep, sweep_to_json, sweep_to_markdown
+    from mgprof.sweep import read_sweep
+
+    result = read_sweep(path / "sweep.json" if path.is_dir() else path)
+    if fmt == "term":
+        from rich.console import Console
+
+        render_sweep(result, Console())
+        return 0
+    if fmt == "html":
+        raise UsageError("a sweep renders as term, json or md; open each trial's run for HTML")
+    return _emit(sweep_to_json(result) if fmt == "json" else sweep_to_markdown(result), out)
 
 
 def _is_comparison(path: Path) -> bool:
@@ -126,10 +155,4 @@ def _render_comparison(path: Path, fmt: str, out: Path | None) -> int:
         if fmt == "json"
         else compare_view.comparison_to_markdown(comp)
     )
-    if out is not None:
-        from mgprof.atomic import write_text_atomic
-
-        write_text_atomic(out, text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return _emit(text, out)

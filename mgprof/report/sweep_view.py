@@ -1,0 +1,176 @@
+"""Rendering of a batch-size sweep (``sweep.json``): rich terminal, Markdown and JSON.
+
+Renderers only: the figures come from ``mgprof.analyze.sweep.summarize``. Cells are
+``rich.text.Text`` so a script name or error text prints as itself, never as markup.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from rich import box
+from rich.console import Console
+from rich.table import Table as RichTable
+from rich.text import Text
+
+from mgprof.analyze.sweep import SweepResult, Trial
+
+COLUMNS = (
+    "batch",
+    "global",
+    "status",
+    "samples/s",
+    "per device",
+    "step ms",
+    "mem MiB",
+    "comm %",
+    "exposed %",
+    "",
+)
+"""batch: per device; samples/s: job total; mem: the sweep's memory figure; last: the verdicts."""
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def trial_line(trial: Trial) -> str:
+    """One line per finished trial, for the progress shown while the sweep runs."""
+    if trial.status == "ok":
+        return (
+            f"batch {trial.batch_size}: {_num(trial.samples_per_s)} samples/s, "
+            f"{_num(trial.peak_memory_mib)} MiB, comm {_num(trial.comm_pct)} %"
+        )
+    return f"batch {trial.batch_size}: {trial.status.upper()} {trial.error or trial.note or ''}"
+
+
+def _marks(result: SweepResult, batch: int) -> str:
+    marks = []
+    if batch == result.sweet_spot:
+        marks.append("sweet spot")
+    if batch == result.throughput_optimal:
+        marks.append("fastest")
+    if batch == result.largest_fit:
+        marks.append("largest fit")
+    return ", ".join(marks)
+
+
+def rows(result: SweepResult) -> list[list[str]]:
+    """The table rows (one per trial, skipped ones included), in batch order."""
+    out = []
+    for t in sorted(result.trials, key=lambda t: (t.batch_size, t.status)):
+        status = t.status.upper() if t.status != "ok" else "ok"
+        memory = t.peak_memory_mib if t.status != "skipped" else t.predicted_memory_mib
+        mark = _marks(result, t.batch_size) if t.status == "ok" else ""
+        mem_text = _num(memory) + ("?" if t.status == "skipped" else "")
+        out.append(
+            [
+                str(t.batch_size),
+                str(t.global_batch) if t.global_batch else "n/a",
+                status,
+                _num(t.samples_per_s),
+                _num(t.samples_per_s_per_device),
+                _num(t.step_time_ms, 2),
+                mem_text,
+                _num(t.comm_pct),
+                _num(t.exposed_comm_pct),
+                mark,
+            ]
+        )
+    return out
+
+
+def facts(result: SweepResult) -> list[tuple[str, str]]:
+    """The answer, then the context needed to read it."""
+    margin_pct = f"{100 * result.margin:.0f} %"
+    cap = (
+        f"{result.capacity_mib:,.0f} MiB ({result.capacity_source or 'device'})"
+        if result.capacity_mib is not None
+        else "unknown (no memory boundary on CPU without --memory-budget-mib)"
+    )
+    out = [
+        ("sweet spot", _batch(result, result.sweet_spot)),
+        ("throughput-optimal", _batch(result, result.throughput_optimal)),
+        (f"largest fit ({margin_pct} headroom)", _batch(result, result.largest_fit)),
+        ("first OOM", str(result.first_oom) if result.first_oom is not None else "none seen"),
+        (
+            "predicted max batch",
+            str(result.predicted_max_batch)
+            if result.predicted_max_batch is not None
+            else "n/a: " + result.not_applicable.get("predicted_max_batch", "no memory model"),
+        ),
+        ("memory capacity", cap),
+        ("memory figure", result.memory_definition or "n/a"),
+        ("devices", f"{result.world_size} ({result.device_kind})"),
+        ("trials run", str(result.trial_count)),
+        ("stopped because", result.stop_reason or "n/a"),
+    ]
+    if result.memory_model is not None:
+        m = result.memory_model
+        out.append(
+            (
+                "memory model",
+                f"{m.intercept_mib:,.1f} MiB + {m.slope_mib_per_sample:.4f} MiB x batch "
+                f"({m.points} trials)",
+            )
+        )
+    if result.fixed_global_batch is not None:
+        out.append(("fixed global batch", f"{result.fixed_global_batch} (gradient accumulation)"))
+    if result.comm_trend:
+        out.append(("communication", result.comm_trend))
+    if result.sweep_dir:
+        out.append(("sweep directory", result.sweep_dir))
+    return out
+
+
+def _batch(result: SweepResult, batch: int | None) -> str:
+    if batch is None:
+        return "n/a: " + result.not_applicable.get("sweet_spot", "no trial fitted")
+    trial = next((t for t in result.trials if t.batch_size == batch and t.status == "ok"), None)
+    if trial is None:
+        return str(batch)
+    return (
+        f"{batch} per device (global {trial.global_batch}), {_num(trial.samples_per_s)} samples/s"
+    )
+
+
+def render_sweep(result: SweepResult, console: Console) -> None:
+    """The sweep as the terminal shows it: answer, table, caveats."""
+    console.rule(Text(f"mgprof sweep: {result.script or ''}", style="bold"), align="left")
+    grid = RichTable.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for key, value in facts(result):
+        grid.add_row(Text(key), Text(value))
+    console.print(grid)
+    table = RichTable(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, col in enumerate(COLUMNS):
+        table.add_column(Text(col), justify="left" if i in (2, 9) else "right", no_wrap=i < 9)
+    for row in rows(result):
+        table.add_row(*(Text(c, style="dim" if c.startswith("n/a") else "") for c in row))
+    console.print(table)
+    if any(t.status == "skipped" for t in result.trials):
+        console.print(Text("mem? = predicted by the memory model; the size was not run", "dim"))
+    for note in result.caveats:
+        console.print(Text("note: ", style="yellow").append(Text(note)))
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def sweep_to_markdown(result: SweepResult) -> str:
+    """The same content as the terminal view, as GitHub Markdown."""
+    lines = [f"# Batch-size sweep: {_md_escape(result.script or '')}", ""]
+    lines += [f"- **{_md_escape(k)}**: {_md_escape(v)}" for k, v in facts(result)]
+    lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows(result)]
+    if any(t.status == "skipped" for t in result.trials):
+        lines += ["", "mem? = predicted by the memory model; the size was not run."]
+    if result.caveats:
+        lines += ["", "## Caveats", ""] + [f"- {_md_escape(n)}" for n in result.caveats]
+    return "\n".join(lines) + "\n"
+
+
+def sweep_to_json(result: SweepResult) -> str:
+    """sweep.json's content (the plot-ready ``series`` included)."""
+    return msgspec.json.format(msgspec.json.encode(result), indent=1).decode() + "\n"
