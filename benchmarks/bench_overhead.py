@@ -65,6 +65,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--step-ms", type=float, default=10.0)
+    ap.add_argument("--no-sample", action="store_true", help="sessions without the sampler thread")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -76,10 +77,14 @@ def main() -> int:
         for _ in range(args.rounds):
             bare += timed_steps(run, k, args.steps)
             # window closes after step 0: the measured steps run with timer + sampler only
-            with mgprof.profile(out=out, skip=0, warmup=0, active=1) as prof:
+            with mgprof.profile(
+                out=out, skip=0, warmup=0, active=1, sample=not args.no_sample
+            ) as prof:
                 timed_steps(run, k, 1, prof)
                 session += timed_steps(run, k, args.steps, prof)
-            with mgprof.profile(out=out, skip=0, warmup=0, active=args.steps + 1) as prof:
+            with mgprof.profile(
+                out=out, skip=0, warmup=0, active=args.steps + 1, sample=not args.no_sample
+            ) as prof:
                 traced += timed_steps(run, k, args.steps, prof)
     med = {
         n: statistics.median(v)

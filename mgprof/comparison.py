@@ -192,8 +192,8 @@ def compare(
 def _link_runs(comp_dir: Path, comp: Comparison) -> None:
     """Each strategy's run.json gets the table under ``analysis["comparison"]`` (and its HTML
     report is re-rendered) so a single run's report shows where it stands among the others."""
-    from mgprof.atomic import write_text_atomic
     from mgprof.records import read_run
+    from mgprof.runreport import write_html_report
 
     table = analysis_rows(comp)
     for name in comp.runs.values():
@@ -202,11 +202,7 @@ def _link_runs(comp_dir: Path, comp: Comparison) -> None:
         analysis = {**(run.analysis or {}), "comparison": table}
         run = msgspec.structs.replace(run, analysis=analysis)
         rundir.write_run(run_dir, run)
-        try:
-            from mgprof.report.html import run_to_html
-        except ImportError:
-            continue
-        write_text_atomic(run_dir / "report.html", run_to_html(run, analysis))
+        write_html_report(run_dir, run, analysis)
 
 
 def _run_one(

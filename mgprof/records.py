@@ -117,6 +117,9 @@ class RankRecord(Struct):
     device: DeviceInfo = msgspec.field(default_factory=lambda: DeviceInfo(kind="cpu"))
     devices_used: int = 1
     steps: list[StepRecord] = msgspec.field(default_factory=list)
+    step_form: Literal["call", "with", "auto"] | None = None
+    """How steps were marked: ``prof.step()`` calls, ``with prof.step():`` blocks (which
+    exclude the DataLoader wait between them), or mgprof analyze's optimizer hook."""
     regions: list[RegionRecord] = msgspec.field(default_factory=list)
     sampler: SamplerRecord = msgspec.field(default_factory=lambda: SamplerRecord(kind="none"))
     memory: MemoryRecord | None = None

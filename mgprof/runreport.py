@@ -36,13 +36,20 @@ def finish_run(run_dir: Path, run: RunRecord) -> tuple[RunRecord, dict[str, Any]
         from mgprof.tbscalars import write_scalars
 
         write_scalars(run_dir, run)
+    write_html_report(run_dir, run, analysis)
+    return run, analysis
+
+
+def write_html_report(run_dir: Path, run: RunRecord, analysis: dict[str, Any]) -> Path | None:
+    """report.html beside run.json; skipped (None) when the ``html`` extra (plotly) is missing,
+    since the HTML report is optional and the run itself must not fail for it."""
     try:
         from mgprof.report.html import run_to_html
 
-        write_text_atomic(run_dir / "report.html", run_to_html(run, analysis))
-    except ImportError:
-        pass
-    return run, analysis
+        html = run_to_html(run, analysis)
+    except ImportError:  # HtmlDependencyMissing is an ImportError too
+        return None
+    return write_text_atomic(run_dir / "report.html", html)
 
 
 def print_report(run: RunRecord, analysis: dict[str, Any], run_dir: Path, fmt: str) -> None:

@@ -78,8 +78,10 @@ DEFINITIONS: dict[str, str] = {
     "headroom_mib": "device total memory - peak reserved by PyTorch's caching allocator",
     "headroom_pct": "100 * headroom_mib / device total memory",
     "dataloader_share_pct": (
-        "100 * sum of time waiting on the DataLoader / sum of step time, over the steady-state "
-        "steps whose DataLoader wait was timed"
+        "100 * sum of time waiting on the DataLoader / sum of iteration time, over the "
+        "steady-state steps whose DataLoader wait was timed; iteration time is the step time "
+        "where the wait falls inside the step (prof.step() calls, mgprof analyze's automatic "
+        "steps) and step time + wait for `with prof.step():` blocks, which exclude the wait"
     ),
     "slowest_rank": "the rank with the highest mean steady-state step time",
     "step_time_spread_pct": (
@@ -273,10 +275,16 @@ def _throughput(steps: Sequence[StepRecord]) -> tuple[float | None, str]:
     return sum(s.batch_size or 0 for s in sized) / seconds, ""
 
 
-def _dataloader_totals(steps: Sequence[StepRecord]) -> tuple[float, float]:
-    """(sum of DataLoader wait, sum of step time) in ms over the steps whose wait was timed."""
+def _dataloader_totals(rank: RankRecord, steps: Sequence[StepRecord]) -> tuple[float, float]:
+    """(sum of DataLoader wait, sum of iteration time) in ms over the steps whose wait was timed.
+
+    A ``with prof.step():`` block starts after the next batch was fetched, so its wait lies
+    outside the step and is added to it; in the other forms the wait is part of the step.
+    """
     timed = [s for s in steps if s.dataloader_ms is not None]
-    return sum(s.dataloader_ms or 0.0 for s in timed), sum(s.duration_ms for s in timed)
+    wait = sum(s.dataloader_ms or 0.0 for s in timed)
+    busy = sum(s.duration_ms for s in timed)
+    return wait, busy + wait if rank.step_form == "with" else busy
 
 
 # --------------------------------------------------------------------------------------------
@@ -729,7 +737,7 @@ def _analyze_rank(rank: RankRecord, traces: _Traces) -> RankAnalysis:
         out.samples_per_s, why = _throughput(steady)
         if out.samples_per_s is None:
             na["samples_per_s"] = why
-        dl, dur = _dataloader_totals(steady)
+        dl, dur = _dataloader_totals(rank, steady)
         out.dataloader_share_pct = ratio_pct(dl, dur)
         if out.dataloader_share_pct is None:
             na["dataloader_share_pct"] = "DataLoader wait was not timed on this rank"
@@ -824,7 +832,7 @@ def _job_energy(run: RunRecord, ranks: Sequence[RankAnalysis], job: JobAnalysis)
 def _job_dataloader(run: RunRecord, job: JobAnalysis) -> None:
     dl = dur = 0.0
     for rec in run.ranks:
-        d, t = _dataloader_totals(steady_state_steps(rec.steps))
+        d, t = _dataloader_totals(rec, steady_state_steps(rec.steps))
         dl += d
         dur += t
     job.dataloader_share_pct = ratio_pct(dl, dur)

@@ -39,6 +39,10 @@ from mgprof.records import (
     StepRecord,
 )
 
+CUDA_RESOLVE_EVERY = 64
+"""On CUDA, finished steps are read in batches: every event query or elapsed-time read is a
+driver call, and the step path should cost one event record, not five driver calls."""
+
 FINGERPRINT_STEPS = 8
 """Only the first steps are fingerprinted: enough to see identical data across ranks."""
 
@@ -175,6 +179,8 @@ class Session:
         self._dataloader_timed = False
         self._profiler: Any = None
         self._profiler_live = False
+        self._unset_mark = Mark(0.0)
+        """Placeholder mark of a ``with`` step until it is entered."""
         self._trace_window: tuple[int, int] | None = None
         """Steps [first, end) that torch.profiler records, once it has started."""
         self._sampler: Any = None
@@ -296,7 +302,8 @@ class Session:
         if not self._running:
             return _NULL_STEP
         try:
-            mark = self._clock.mark()
+            # the ``with`` form takes its mark on entry: no second event record per step
+            mark = self._unset_mark if self._mode == "ctx" else self._clock.mark()
             size = batch_size if batch_size is not None else batch_size_of(batch)
             fp = None
             if batch is not None and self._step_index + len(self._steps) < FINGERPRINT_STEPS:
@@ -351,7 +358,8 @@ class Session:
                 if self._trace_window is not None and done >= self._trace_window[1]:
                     self._profiler_live = False
                     self._profiler.stop()  # window over: no profiler cost for the rest
-        self._resolve_ready()
+        if not self._clock.use_cuda or len(self._steps) >= CUDA_RESOLVE_EVERY:
+            self._resolve_ready()
         steps_done = self._step_index + len(self._steps)
         self._progress.update(steps_done)
         if self.on_step is not None:
@@ -390,10 +398,16 @@ class Session:
         return self._step_index + len(self._steps)
 
     def _resolve_ready(self, wait: bool = False) -> None:
-        """Turn finished steps into records; on CUDA only those whose events have completed."""
+        """Turn finished steps into records; on CUDA only those whose events have completed.
+
+        Events on one stream complete in order, so one query of the newest pending step tells
+        whether all of them can be read; otherwise they are read one by one up to the first
+        unfinished.
+        """
         keep: list[_PendingStep] = []
+        all_ready = wait or (bool(self._steps) and Clock.ready(self._steps[-1].end))
         for i, s in enumerate(self._steps):
-            if not wait and not (Clock.ready(s.end) and Clock.ready(s.start)):
+            if not all_ready and not (Clock.ready(s.end) and Clock.ready(s.start)):
                 keep = self._steps[i:]
                 break
             traced = self._is_traced(s.index)
@@ -407,6 +421,9 @@ class Session:
                     dataloader_ms=None if s.dataloader_ms is None else round(s.dataloader_ms, 6),
                 )
             )
+            self._clock.recycle(s.start)  # the previous step, its only other user, is done
+            if self._mode == "ctx":  # entry and exit marks belong to this step alone
+                self._clock.recycle(s.end)
         self._step_index += len(self._steps) - len(keep)
         self._steps = keep
         if len(self._regions) > 256 or wait:
@@ -428,6 +445,8 @@ class Session:
                 keep.append((name, start, end))
                 continue
             ms = self._clock.elapsed_ms(start, end)
+            self._clock.recycle(start)
+            self._clock.recycle(end)
             tot = self._region_totals.setdefault(name, [0, 0.0, 0.0])
             tot[0] += 1
             tot[1] += ms
@@ -505,6 +524,7 @@ class Session:
             device=_device_info(self._cuda_indices),
             devices_used=max(1, len(self._cuda_indices)),
             steps=self._done_steps,
+            step_form="auto" if self.auto else ("with" if self._mode == "ctx" else "call"),
             regions=regions,
             sampler=sampler,
             memory=memory,
