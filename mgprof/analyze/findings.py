@@ -14,6 +14,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from mgprof.analyze.readers import as_dict as _dict
+from mgprof.analyze.readers import num as _num
+from mgprof.analyze.readers import rank_dicts as _ranks
 from mgprof.records import RankRecord, RunRecord
 
 __all__ = [
@@ -99,21 +102,6 @@ class Finding(msgspec.Struct, kw_only=True):
 
 # --------------------------------------------------------------------------------------------
 # Small readers that turn "absent or wrong type" into None
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _ranks(figures: Mapping[str, Any]) -> list[dict[str, Any]]:
-    ranks = figures.get("ranks")
-    return [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []
 
 
 def _job(figures: Mapping[str, Any]) -> dict[str, Any]:

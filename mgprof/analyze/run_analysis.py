@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from mgprof.analyze.readers import num as _float_or_none
 from mgprof.analyze.stats import mean, percentile, ratio_pct, spread_pct
 from mgprof.records import RankRecord, RunRecord, StepRecord
 
@@ -338,12 +339,6 @@ def _sampler_figures(rank: RankRecord, out: RankAnalysis) -> None:
         out.not_applicable["energy_j"] = (
             "NVML total energy counter not supported on this device (needs Volta or newer)"
         )
-
-
-def _float_or_none(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def _memory_figures(rank: RankRecord, out: RankAnalysis) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from mgprof.analyze.readers import num as _num
 from mgprof.analyze.run_analysis import steady_state_steps
 from mgprof.errors import RunRecordError
 from mgprof.records import RunRecord
@@ -125,10 +126,6 @@ def trial_batches(mode: str, batch: int, devices: int) -> dict[str, tuple[int, i
 
 # --------------------------------------------------------------------------------------------
 # Rows
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _usual_batch(run: RunRecord) -> list[int]:

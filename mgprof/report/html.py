@@ -16,6 +16,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from mgprof.analyze.readers import as_dict as _dict
+from mgprof.analyze.readers import num as _num
+from mgprof.analyze.readers import rank_dicts as _ranks
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
 from mgprof.report.run_sections import Section, Table, build_sections, definitions
@@ -42,22 +45,7 @@ def _plotly_js() -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Small readers
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _ranks(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
-    ranks = analysis.get("ranks")
-    return [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []
+# Escaping
 
 
 def _label(text: Any) -> str:

@@ -12,6 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgprof.analyze.readers import as_dict as _dict
+from mgprof.analyze.readers import num as _num
+from mgprof.analyze.readers import rank_dicts as _ranks
 from mgprof.records import RunRecord
 
 TOP_KERNELS = 5
@@ -76,16 +79,6 @@ class _Footnotes:
         return out
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 class _Cells:
     """Formats the figures of one record (a rank or the job), n/a with a footnote when None."""
 
@@ -107,11 +100,6 @@ class _Cells:
         if num is None:
             return self._notes.mark(label or figure, self.reason(figure, *reason_keys), self._who)
         return fmt(num)
-
-
-def _ranks(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
-    ranks = analysis.get("ranks")
-    return [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []
 
 
 def _job(analysis: Mapping[str, Any]) -> dict[str, Any]:
