@@ -160,6 +160,10 @@ def test_report_path_works_without_torch(tmp_path: Path) -> None:
         for fmt in ("term", "json", "md"):
             args = argparse.Namespace(run_dir={str(folder)!r}, format=fmt, out=None, force=False)
             assert report.run(args) == 0
+        # the whole CLI too: building the parser imports every command module
+        from mgprof.cli import main
+        for fmt in ("term", "json", "md", "html"):
+            assert main(["report", {str(folder)!r}, "--format", fmt]) == 0
         assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
         """
     )
