@@ -22,6 +22,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import msgspec
 import numpy as np
@@ -60,7 +61,7 @@ Num = int | float | None
 Text = str | int | float | None
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False):
     """The few ``args`` fields mgprof reads; the rest are skipped by the decoder."""
 
     correlation: Num = None
@@ -78,7 +79,7 @@ class _Args(msgspec.Struct):
     external_id: Num = msgspec.field(default=None, name="External id")
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     ph: str | None = None
     cat: str | None = None
     name: str | None = None
@@ -635,14 +636,86 @@ def _event_chunks(raw_events: msgspec.Raw) -> list[tuple[int, int]] | None:
     return ranges
 
 
+_READ_BYTES = 1 << 20  # file bytes (decompressed) read at a time by the streaming path
+_EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+
+
+def _stream_events(stream: IO[bytes]) -> tuple[_Reducer, msgspec.Raw, msgspec.Raw] | None:
+    """Reduce ``traceEvents`` while reading ``stream``; None when the layout is not recognised.
+
+    The head (up to ``"traceEvents": [``) is checked to be the start of a top-level object by
+    decoding it closed as ``...[]}``; events are then decoded in slices of about 1 MB cut at
+    ``}, {`` gaps (a cut inside a string or nested value makes the slice fail to decode), and the
+    rest of the file, which holds the last events and the keys after the list, is decoded as a
+    document of its own. Neither the whole file nor all decoded events are held at once.
+    """
+    buf = b""
+    while True:
+        block = stream.read(_READ_BYTES)
+        if not block:
+            return None
+        searched = max(0, len(buf) - 32)
+        buf += block
+        m = _EVENTS_KEY_RE.search(buf, searched)
+        if m is not None:
+            break
+    head = msgspec.json.decode(buf[: m.end()] + b"]}", type=_TraceOutline)
+    rest = bytearray(buf[m.end() :])
+    del buf
+    red = _Reducer()
+    while True:
+        block = stream.read(_READ_BYTES)
+        rest += block
+        pos = 0
+        while len(rest) - pos > _CHUNK_BYTES:
+            gap = _EVENT_GAP_RE.search(rest, pos + _CHUNK_BYTES)
+            if gap is None:
+                break
+            red.feed(_EVENTS_DECODER.decode(b"".join((b"[", rest[pos : gap.start() + 1], b"]"))))
+            pos = gap.end() - 1
+        del rest[:pos]
+        if not block:
+            break
+    tail = msgspec.json.decode(b"".join((b'{"traceEvents": [', rest)), type=_Trace)
+    del rest
+    red.feed(tail.traceEvents or [])
+    dist = tail.distributedInfo if len(tail.distributedInfo) else head.distributedInfo
+    props = tail.deviceProperties if len(tail.deviceProperties) else head.deviceProperties
+    return red, dist, props
+
+
+def _load_streaming(p: Path) -> RankTrace | None:
+    """``load_trace`` reading the file in pieces; None where the in-memory path must decide."""
+    try:
+        f = open(p, "rb")  # noqa: SIM115 - closed below, the gzip reader wraps it
+    except OSError:
+        return None
+    with f:
+        try:
+            stream: IO[bytes] = gzip.GzipFile(fileobj=f) if f.read(2) == b"\x1f\x8b" else f
+            f.seek(0)
+            got = _stream_events(stream)
+        except (OSError, EOFError, zlib.error, msgspec.ValidationError, msgspec.DecodeError):
+            return None
+    if got is None:
+        return None
+    red, dist_raw, props_raw = got
+    return red.finish(p, _dist_info(dist_raw), _device_props(props_raw))
+
+
 def load_trace(path: str | Path) -> RankTrace:
     """Read, decode and reduce one rank's trace; raise :class:`TraceError` on bad input.
 
-    The file is decompressed into memory once; ``traceEvents`` is then decoded about 1 MB of
-    JSON at a time, and each slice is reduced and dropped before the next is decoded, so the
-    decoded events of a whole rank never exist at once.
+    The file is read and decoded in pieces (``_stream_events``), so neither the whole file nor
+    all its decoded events are in memory at once. Where that does not apply (a layout it does
+    not recognise, or bad input, whose precise error the whole-document decode gives), the file
+    is decompressed into memory once; ``traceEvents`` is then decoded about 1 MB of JSON at a
+    time, and each slice is reduced and dropped before the next is decoded.
     """
     p = Path(path)
+    streamed = _load_streaming(p)
+    if streamed is not None:
+        return streamed
     raw = _read_bytes(p)
     outline: _TraceOutline | None
     try:
