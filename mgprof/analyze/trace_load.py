@@ -22,7 +22,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import msgspec
 import numpy as np
@@ -692,7 +692,8 @@ def _load_streaming(p: Path) -> RankTrace | None:
         return None
     with f:
         try:
-            stream: IO[bytes] = gzip.GzipFile(fileobj=f) if f.read(2) == b"\x1f\x8b" else f
+            gzipped = f.read(2) == b"\x1f\x8b"
+            stream = cast(IO[bytes], gzip.GzipFile(fileobj=f) if gzipped else f)
             f.seek(0)
             got = _stream_events(stream)
         except (OSError, EOFError, zlib.error, msgspec.ValidationError, msgspec.DecodeError):
