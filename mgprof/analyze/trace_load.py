@@ -16,10 +16,13 @@ placed on a timeline: it is skipped and counted in :attr:`RankTrace.skipped_devi
 
 from __future__ import annotations
 
+import gc
 import gzip
 import math
 import re
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, cast
@@ -660,20 +663,27 @@ def _stream_events(stream: IO[bytes]) -> tuple[_Reducer, msgspec.Raw, msgspec.Ra
         if m is not None:
             break
     head = msgspec.json.decode(buf[: m.end()] + b"]}", type=_TraceOutline)
-    rest = bytearray(buf[m.end() :])
+    rest = buf[m.end() :]
     del buf
     red = _Reducer()
     while True:
         block = stream.read(_READ_BYTES)
-        rest += block
+        if block:
+            rest = b"".join((rest, block)) if rest else block
         pos = 0
-        while len(rest) - pos > _CHUNK_BYTES:
-            gap = _EVENT_GAP_RE.search(rest, pos + _CHUNK_BYTES)
-            if gap is None:
-                break
-            red.feed(_EVENTS_DECODER.decode(b"".join((b"[", rest[pos : gap.start() + 1], b"]"))))
-            pos = gap.end() - 1
-        del rest[:pos]
+        with memoryview(rest) as view:
+            while len(rest) - pos > _CHUNK_BYTES:
+                gap = _EVENT_GAP_RE.search(rest, pos + _CHUNK_BYTES)
+                if gap is None:
+                    break
+                # One copy per slice: the join reads the bytes through the view (slicing a
+                # bytearray and joining copied each slice twice, in fresh pages each time).
+                red.feed(
+                    _EVENTS_DECODER.decode(b"".join((b"[", view[pos : gap.start() + 1], b"]")))
+                )
+                pos = gap.end() - 1
+        if pos:
+            rest = rest[pos:]
         if not block:
             break
     tail = msgspec.json.decode(b"".join((b'{"traceEvents": [', rest)), type=_Trace)
@@ -714,6 +724,28 @@ def load_trace(path: str | Path) -> RankTrace:
     time, and each slice is reduced and dropped before the next is decoded.
     """
     p = Path(path)
+    with _gc_paused():
+        return _load(p)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a trace is reduced.
+
+    Reducing allocates ~10^5 container objects (event tuples, launch records) that all stay
+    alive until the end, so the collector's passes over them would find nothing to free; they
+    cost ~5-10 % of the load time. Nothing reduced here forms a cycle that needs the collector.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _load(p: Path) -> RankTrace:
     streamed = _load_streaming(p)
     if streamed is not None:
         return streamed
@@ -754,6 +786,39 @@ def load_trace(path: str | Path) -> RankTrace:
     return red.finish(p, dist, props)
 
 
+# What :meth:`_Reducer.feed` does with an event, decided once per distinct ``cat`` (a device
+# category maps to its KIND_*, 0..3) and, for CPU events, once per distinct name (_N_* bits).
+_CAT_LAUNCH, _CAT_SKIP, _CAT_CPU = 4, 5, 6
+_N_STEP, _N_DATALOADER, _N_CPU_COMM, _N_FLOP_OP, _N_PARAM_COMMS = 1, 2, 4, 8, 16
+
+
+def _cat_code(raw_cat: str | None) -> int:
+    cat = raw_cat.lower() if raw_cat else ""
+    kind = _DEVICE_CATS.get(cat)
+    if kind is not None:
+        return kind
+    if cat in _LAUNCH_CATS:
+        return _CAT_LAUNCH
+    if cat in ("trace", "gpu_user_annotation"):
+        return _CAT_SKIP
+    return _CAT_CPU
+
+
+def _name_flags(name: str) -> int:
+    if name.startswith("ProfilerStep#"):
+        return _N_STEP
+    flags = 0
+    if name.startswith("enumerate(DataLoader)#"):
+        flags |= _N_DATALOADER
+    if name.startswith(_CPU_COMM_PREFIXES):
+        flags |= _N_CPU_COMM
+    if name in _FLOP_OPS:
+        flags |= _N_FLOP_OP
+    elif name == "record_param_comms":
+        flags |= _N_PARAM_COMMS
+    return flags
+
+
 class _Reducer:
     """Reduces decoded events, one slice at a time, to the columns :class:`RankTrace` holds."""
 
@@ -768,7 +833,10 @@ class _Reducer:
         self.name_index: dict[str, int] = {}
         self.kind_of_name: dict[str, int] = {}  # kernel name -> KIND_COMPUTE / KIND_COMM
         self.comm_args: dict[int, CommArgs] = {}
-        self.launches: dict[int, tuple[float, str]] = {}
+        # Runtime/driver calls by correlation id: launch timestamp and thread (two dicts of
+        # untracked values rather than one of tuples: no garbage-collector work per launch).
+        self.launch_ts: dict[int, float] = {}
+        self.launch_tid: dict[int, str] = {}
         self.steps: list[Step] = []
         self.dl_s: list[float] = []
         self.dl_e: list[float] = []
@@ -784,7 +852,8 @@ class _Reducer:
         self.complete = 0
         self.n_events = 0
         self.tid_str: dict[object, str] = {}
-        self.cat_lower: dict[str | None, str] = {}
+        self.cat_code: dict[str | None, int] = {}  # raw ``cat`` -> KIND_* or _CAT_*
+        self.name_flags: dict[str, int] = {}  # CPU event name -> _N_* bits
 
     def feed(self, events: list[_Event]) -> None:
         self.n_events += len(events)
@@ -794,34 +863,40 @@ class _Reducer:
                     self.base = float(ev.ts)
                     break
         base = self.base if self.base is not None else 0.0
-        isfinite = math.isfinite
+        cat_code = self.cat_code
+        name_flags = self.name_flags
         kind_of_name = self.kind_of_name
         name_index = self.name_index
         tid_str = self.tid_str
-        cat_lower = self.cat_lower
+        launch_ts, launch_tid = self.launch_ts, self.launch_tid
         dev_start, dev_end, dev_kind = self.dev_start, self.dev_end, self.dev_kind
         dev_corr, dev_name, dev_ext = self.dev_corr, self.dev_name, self.dev_ext
         cpu_events = self.cpu_events
+        isfinite = math.isfinite
+        complete = skipped = 0  # written back to self after the loop
         for ev in events:
             if ev.ph != "X":
                 continue
             raw_cat = ev.cat
-            cat = cat_lower.get(raw_cat)
-            if cat is None:
-                cat = cat_lower[raw_cat] = raw_cat.lower() if raw_cat else ""
-            name = ev.name or ""
+            code = cat_code.get(raw_cat)
+            if code is None:
+                code = cat_code[raw_cat] = _cat_code(raw_cat)
             ts = ev.ts
             dur = ev.dur
             valid = (
-                ts is not None and dur is not None and dur >= 0 and isfinite(ts) and isfinite(dur)
+                ts is not None
+                and dur is not None
+                and dur >= 0.0  # a float literal: int-vs-float comparison is the slow path
+                and isfinite(ts)
+                and isfinite(dur)
             )
-            kind = _DEVICE_CATS.get(cat)
-            if kind is not None:
+            if code < _CAT_LAUNCH:  # a device event: code is its KIND_*
                 if not valid:
-                    self.skipped += 1
+                    skipped += 1
                     continue
-                self.complete += 1
-                start = float(ts) - base  # type: ignore[arg-type]
+                complete += 1
+                name = ev.name or ""
+                start = ts - base  # type: ignore[operator]
                 row = len(dev_start)
                 dev_start.append(start)
                 dev_end.append(start + dur)  # type: ignore[operator]
@@ -830,7 +905,7 @@ class _Reducer:
                 if type(corr) is not int:
                     corr = _as_int(corr)
                 dev_corr.append(-1 if corr is None else corr)
-                if kind == KIND_COMPUTE:
+                if code == KIND_COMPUTE:
                     kind = kind_of_name.get(name, -1)
                     if kind < 0:
                         kind = KIND_COMM if COMM_KERNEL_RE.search(name) else KIND_COMPUTE
@@ -845,16 +920,20 @@ class _Reducer:
                         ca = _comm_args(args)
                         if ca is not None:
                             self.comm_args[row] = ca
+                    dev_kind.append(kind)
                 else:
                     dev_name.append(-1)
                     dev_ext.append(-1)
-                dev_kind.append(kind)
+                    dev_kind.append(code)
                 continue
             if not valid:
                 continue
-            self.complete += 1
-            ts = float(ts) - base  # type: ignore[arg-type]
-            end = ts + dur  # type: ignore[operator]
+            complete += 1
+            if code == _CAT_SKIP:
+                # The profiler's own span is not activity, and GPU-side annotations (which repeat
+                # ProfilerStep#N names on the device timeline) are not CPU events.
+                continue
+            ts = ts - base  # type: ignore[operator]
             raw_tid = ev.tid
             if type(raw_tid) is str:
                 tid = raw_tid
@@ -862,35 +941,43 @@ class _Reducer:
                 tid = tid_str.get(raw_tid)  # type: ignore[assignment]
                 if tid is None:
                     tid = tid_str[raw_tid] = _as_str(raw_tid) or ""
-            if cat in _LAUNCH_CATS:
-                corr = _as_int(ev.args.correlation) if ev.args else None
-                if corr is not None:
-                    self.launches[corr] = (ts, tid)
+            if code == _CAT_LAUNCH:
+                args = ev.args
+                if args is not None:
+                    corr = args.correlation
+                    if type(corr) is not int:
+                        corr = _as_int(corr)
+                    if corr is not None:
+                        launch_ts[corr] = ts
+                        launch_tid[corr] = tid
                 continue
-            if cat in ("trace", "gpu_user_annotation"):
-                # The profiler's own span is not activity, and GPU-side annotations (which repeat
-                # ProfilerStep#N names on the device timeline) are not CPU events.
+            end = ts + dur  # type: ignore[operator]
+            name = ev.name or ""
+            flags = name_flags.get(name)
+            if flags is None:
+                flags = name_flags[name] = _name_flags(name)
+            args = ev.args
+            if not flags:  # the common case: an op with no special meaning
+                if args is not None and args.flops is not None:
+                    self._add_flops(args.flops)
+                cpu_events.append((ts, end, tid, name))
                 continue
-            if name.startswith("ProfilerStep#"):
+            if flags & _N_STEP:
                 num = _step_number(name)
                 if num is not None:
                     self.steps.append(Step(num, ts, end, tid))
                 continue
-            if name.startswith("enumerate(DataLoader)#"):
+            if flags & _N_DATALOADER:
                 self.dl_s.append(ts)
                 self.dl_e.append(end)
-            args = ev.args
             if args is None:
-                if name.startswith(_CPU_COMM_PREFIXES):
+                if flags & _N_CPU_COMM:
                     self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, None))
                 cpu_events.append((ts, end, tid, name))
                 continue
             if args.flops is not None:
-                fl = _finite(args.flops)
-                if fl is not None and fl >= 0:
-                    self.flops_total += fl
-                    self.flops_ops += 1
-            if name in _FLOP_OPS:
+                self._add_flops(args.flops)
+            if flags & _N_FLOP_OP:
                 est, why = estimate_flops(name, args.input_dims, args.concrete)
                 self.flop_ops.append((tid, ts, end, est, why))
                 ext = _as_int(args.external_id)
@@ -898,13 +985,21 @@ class _Reducer:
                     prec = _precision(name, args.input_type)
                     if prec:
                         self.gemm_prec[ext] = prec
-            elif name == "record_param_comms":
+            elif flags & _N_PARAM_COMMS:
                 ca = _comm_args(args)
                 if ca is not None:
                     self.param_comms.append((tid, ts, end, ca))
-            if name.startswith(_CPU_COMM_PREFIXES):
+            if flags & _N_CPU_COMM:
                 self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, _input_bytes(args)))
             cpu_events.append((ts, end, tid, name))
+        self.complete += complete
+        self.skipped += skipped
+
+    def _add_flops(self, flops: Num) -> None:
+        fl = _finite(flops)
+        if fl is not None and fl >= 0:
+            self.flops_total += fl
+            self.flops_ops += 1
 
     def finish(self, p: Path, dist: _DistInfo | None, props: list[dict[str, object]]) -> RankTrace:
         if self.complete == 0:
@@ -956,8 +1051,7 @@ class _Reducer:
         else:
             flops_total, flops_ops, flops_source = None, 0, None
 
-        launches = self.launches
-        corr_sorted = sorted(launches)
+        corr_sorted = sorted(self.launch_ts)
         return RankTrace(
             path=p,
             rank=rank,
@@ -976,8 +1070,12 @@ class _Reducer:
             kernel_names=list(self.name_index),
             comm_args=self.comm_args,
             launch_corr=np.asarray(corr_sorted, dtype=np.int64),
-            launch_ts=np.asarray([launches[c][0] for c in corr_sorted], dtype=np.float64),
-            launch_tid=[launches[c][1] for c in corr_sorted],
+            launch_ts=np.fromiter(
+                map(self.launch_ts.__getitem__, corr_sorted),
+                dtype=np.float64,
+                count=len(corr_sorted),
+            ),
+            launch_tid=list(map(self.launch_tid.__getitem__, corr_sorted)),
             steps=steps,
             dataloader=(
                 np.asarray(self.dl_s, dtype=np.float64),
