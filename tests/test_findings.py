@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -636,19 +634,6 @@ def test_findings_reach_terminal_markdown(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ a real CPU run
-
-
-@pytest.fixture(scope="module")
-def cpu_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("runs")
-    ex = Path(__file__).resolve().parents[1] / "examples" / "mlp_context.py"
-    args = ["analyze", str(ex), "--gpus", "2", "--quiet", "--out", str(out), "--", "--steps", "8"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "mgprof", *args], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    return run_dir
 
 
 @pytest.mark.slow

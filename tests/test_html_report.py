@@ -261,19 +261,6 @@ def test_missing_plotly_is_a_usage_error_naming_pip(monkeypatch: pytest.MonkeyPa
 # ------------------------------------------------------------------ a real run, via the CLI
 
 
-@pytest.fixture(scope="module")
-def cpu_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("runs")
-    ex = Path(__file__).resolve().parents[1] / "examples" / "mlp_context.py"
-    args = ["analyze", str(ex), "--gpus", "2", "--quiet", "--out", str(out), "--", "--steps", "8"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "mgprof", *args], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    return run_dir
-
-
 @pytest.mark.slow
 def test_real_run_writes_report_html_and_report_command_renders_it(
     cpu_run_dir: Path, tmp_path: Path
