@@ -8,20 +8,11 @@ optimisation at every trial. Outside a sweep it returns the script's own default
 
 from __future__ import annotations
 
-import os
+from mgprof.envknobs import positive_int_env
 
 ACCUM_STEPS_ENV = "MGPROF_ACCUM_STEPS"
 
 
 def accumulation_steps(default: int = 1) -> int:
     """Micro-batches per optimizer update: the sweep's trial value, else ``default``."""
-    value = os.environ.get(ACCUM_STEPS_ENV)
-    if value is None or value == "":
-        return default
-    try:
-        steps = int(value)
-    except ValueError:
-        raise ValueError(f"{ACCUM_STEPS_ENV}={value!r} is not an integer") from None
-    if steps < 1:
-        raise ValueError(f"{ACCUM_STEPS_ENV} must be >= 1, got {steps}")
-    return steps
+    return positive_int_env(ACCUM_STEPS_ENV, default, blank_is_default=True)

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mgprof.envknobs import positive_int_env
+
 STRATEGY_ENV = "MGPROF_STRATEGY"
 BATCH_SIZE_ENV = "MGPROF_BATCH_SIZE"
 NOSYNC_STEPS_ENV = "MGPROF_NOSYNC_STEPS"
@@ -210,13 +212,4 @@ def seed_everything(seed: int, per_rank: bool = True) -> int:
 
 def batch_size(default: int) -> int:
     """The batch size for this run: the launcher's trial value (``mgprof sweep``) or ``default``."""
-    value = os.environ.get(BATCH_SIZE_ENV)
-    if value is None:
-        return default
-    try:
-        size = int(value)
-    except ValueError:
-        raise ValueError(f"{BATCH_SIZE_ENV}={value!r} is not an integer") from None
-    if size < 1:
-        raise ValueError(f"{BATCH_SIZE_ENV} must be >= 1, got {size}")
-    return size
+    return positive_int_env(BATCH_SIZE_ENV, default)
