@@ -16,16 +16,16 @@ _EXPORTS = {
     "profile_step": "mgprof.collect.api",
     "region": "mgprof.collect.api",
     "Session": "mgprof.collect.session",
-    "wrap": "mgprof.strategies",
-    "device": "mgprof.strategies",
-    "seed_everything": "mgprof.strategies",
-    "batch_size": "mgprof.strategies",
-    "find_sweet_spot": "mgprof.collect.sweet_spot",
-    "accumulation_steps": "mgprof.accum",
+    "wrap": "mgprof.collect.wrap",
+    "device": "mgprof.collect.wrap",
+    "seed_everything": "mgprof.collect.wrap",
+    "batch_size": "mgprof.collect.wrap",
+    "find_sweet_spot": "mgprof.studies.sweet_spot",
+    "accumulation_steps": "mgprof.collect.accum",
     "RunRecord": "mgprof.records",
     "RankRecord": "mgprof.records",
     "read_run": "mgprof.records",
-    "compare": "mgprof.comparison",
+    "compare": "mgprof.studies.compare",
 }
 
 __all__ = ["__version__", *_EXPORTS]

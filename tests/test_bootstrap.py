@@ -1,4 +1,4 @@
-"""``python -m mgprof.bootstrap`` on unmodified scripts: steps found, exit codes kept."""
+"""``python -m mgprof.run.bootstrap`` on unmodified scripts: steps found, exit codes kept."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
         script = write_script(folder, f"{name}.py", source)
         run_dir = folder / f"run-{name}"
         env = clean_env(MGPROF_RUN_DIR=str(run_dir), MGPROF_WARMUP="1", MGPROF_STEPS="3")
-        jobs.append((python_args("-m", "mgprof.bootstrap", script, "--lr", "0.1"), folder, env))
+        jobs.append((python_args("-m", "mgprof.run.bootstrap", script, "--lr", "0.1"), folder, env))
         dirs.append(run_dir)
     results = run_many(jobs, parallel=2)
     return {name: Outcome(r, d) for name, r, d in zip(SCRIPTS, results, dirs)}

@@ -275,7 +275,7 @@ def test_nosync_ab_leaves_parameters_bit_identical(compared: tuple[Path, Compari
     undone); a plain run with NOSYNC more measured steps must end with the same bits."""
     import torch
 
-    from mgprof.launch import LaunchConfig, launch
+    from mgprof.run.launcher import LaunchConfig, launch
 
     comp_dir, comp = compared
     tmp = comp_dir.parent.parent

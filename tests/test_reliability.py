@@ -21,10 +21,11 @@ import msgspec
 import pytest
 from _spawn import clean_env, python_args, quiet, write_script
 
-from mgprof import cli, launch, rundir
+from mgprof import cli, rundir
 from mgprof.collect import hooks
-from mgprof.failures import collective_of, describe_exits, parse_torchrun_failures
 from mgprof.records import RankRecord, RunRecord, decode_run, encode_run, read_run
+from mgprof.run import launcher as launch
+from mgprof.run.failures import collective_of, describe_exits, parse_torchrun_failures
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mgprof"
 BOUND_S = 90
@@ -393,7 +394,7 @@ def test_bad_input_to_every_command_is_one_line_exit_2(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     if command == "view":
-        from mgprof import viewer
+        from mgprof.view import tensorboard as viewer
 
         monkeypatch.setattr(viewer, "missing_extra", lambda *a: [])  # the path is what's tested
     script = tmp_path / "ok.py"

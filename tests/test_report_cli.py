@@ -181,7 +181,7 @@ def test_report_renders_a_sweep_directory(
 ) -> None:
     """``mgprof report`` on a sweep directory (sweep.json, no run.json) renders the sweep."""
     from mgprof.analyze.sweep import Trial, summarize
-    from mgprof.sweep import write_sweep
+    from mgprof.studies.sweep import write_sweep
 
     trials = [
         Trial(

@@ -9,7 +9,7 @@ import pytest
 from mgprof.analyze.run_analysis import analyze_run
 from mgprof.records import RankRecord, RunRecord, StepRecord
 from mgprof.report import html as html_report
-from mgprof.runreport import write_html_report
+from mgprof.run.finish import write_html_report
 
 
 def _run(step_form: str) -> RunRecord:

@@ -11,7 +11,7 @@ import torch
 from _spawn import clean_env
 
 import mgprof
-from mgprof.strategies import chosen_strategy
+from mgprof.collect.wrap import chosen_strategy
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ from _spawn import clean_env, python_args, run, write_script
 from mgprof.analyze.sweep import SweepResult, max_trials
 from mgprof.cli import main
 from mgprof.records import read_run
-from mgprof.sweep import read_sweep
+from mgprof.studies.sweep import read_sweep
 
 # Memory grows by 1 MiB per sample (the input row), deterministic and far above the noise of
 # peak RSS; a 4 MiB parameter that costs no per-sample compute is all-reduced every step, so the
@@ -155,7 +155,7 @@ from torch import nn
 def worker(rank, world, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from mgprof.collect.sweet_spot import find_sweet_spot
+    from mgprof.studies.sweet_spot import find_sweet_spot
 
     def model_fn():
         net = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 1))
@@ -233,7 +233,7 @@ def test_bad_flags_are_one_line_usage_errors(
 
 
 def test_accumulation_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mgprof.accum import accumulation_steps
+    from mgprof.collect.accum import accumulation_steps
 
     monkeypatch.delenv("MGPROF_ACCUM_STEPS", raising=False)
     assert accumulation_steps(3) == 3

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from mgprof import viewer
 from mgprof.cli import build_parser, main
 from mgprof.records import RunRecord, read_run
+from mgprof.view import tensorboard as viewer
 
 HAVE_EXTRA = not viewer.missing_extra()
 needs_tensorboard = pytest.mark.skipif(
@@ -35,7 +35,7 @@ needs_tensorboard = pytest.mark.skipif(
 if HAVE_EXTRA:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from mgprof.tbscalars import SCALARS_DIR, scalars_stale, write_scalars
+    from mgprof.view.scalars import SCALARS_DIR, scalars_stale, write_scalars
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_TIMEOUT_S = 60.0

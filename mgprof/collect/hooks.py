@@ -14,7 +14,8 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DistributedSampler
@@ -22,12 +23,27 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from mgprof.records import TrainingFacts
 
-if TYPE_CHECKING:
-    from mgprof.collect.session import Session
+
+class Observer(Protocol):
+    """What the hooks report to: the running session (kept as an interface so that this module
+    never imports the session, which imports it)."""
+
+    def add_dataloader_wait(self, ms: float) -> None: ...
+
+    def note_batch(self, batch: Any) -> None: ...
+
 
 _facts: dict[str, Any] = {}
-_owner: Session | None = None
+_owner: Observer | None = None
 _originals: dict[str, Any] = {}
+_before_destroy: Callable[[], None] | None = None
+
+
+def set_before_destroy(callback: Callable[[], None] | None) -> None:
+    """Register what runs just before ``destroy_process_group`` (the session module stops the
+    active session there, so its record reaches rank 0 while the group still exists)."""
+    global _before_destroy
+    _before_destroy = callback
 
 
 def training_facts() -> TrainingFacts:
@@ -87,17 +103,13 @@ def _ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
 
 def _destroy_process_group(*args: Any, **kwargs: Any) -> Any:
     """Let the running session send its record to rank 0 while the group still exists."""
-    if not args and kwargs.get("group") is None:
-        from mgprof.collect.session import active_session
-
-        session = active_session()
-        if session is not None:
-            session.stop()
+    if not args and kwargs.get("group") is None and _before_destroy is not None:
+        _before_destroy()
     return _originals.get("destroy", _destroy_fallback)(*args, **kwargs)
 
 
 COLLECTIVE_TIMEOUT_ENV = "MGPROF_COLLECTIVE_TIMEOUT_S"
-"""Set by the launcher (``--collective-timeout``); mirrors ``mgprof.launch``'s constant."""
+"""Set by the launcher (``--collective-timeout``); mirrors ``mgprof.run.launcher``'s constant."""
 
 
 def collective_timeout() -> datetime.timedelta | None:
@@ -135,7 +147,7 @@ def note_fact(name: str, value: Any) -> None:
     _facts[name] = value
 
 
-def install(session: Session | None) -> None:
+def install(session: Observer | None) -> None:
     """Patch the hooks in (once per process) and route timings to ``session`` (None: facts only)."""
     global _owner
     _owner = session
@@ -158,7 +170,7 @@ def install(session: Session | None) -> None:
     DistributedDataParallel.__init__ = _ddp_init  # type: ignore[method-assign]
 
 
-def uninstall(session: Session) -> None:
+def uninstall(session: Observer) -> None:
     """Restore the originals when ``session`` is the one that installed them."""
     global _owner
     if _owner is not session:

@@ -100,7 +100,7 @@ class NoSyncAB:
 
     def start(self, optimizers: list[Any]) -> bool:
         """Begin after the measured steps; False (and a note on disk) when it cannot apply."""
-        from mgprof.strategies import switchable_models
+        from mgprof.collect.wrap import switchable_models
 
         self._models = switchable_models()
         self._optimizers = optimizers
@@ -156,7 +156,7 @@ class NoSyncAB:
 
     def _enter(self, i: int) -> None:
         """Before step i: a B step that opens a block first saves the state, then sync goes off."""
-        from mgprof.strategies import set_grad_sync
+        from mgprof.collect.wrap import set_grad_sync
 
         sync = self._flags[i]
         if not sync and (i == 0 or self._flags[i - 1]):
@@ -175,7 +175,7 @@ class NoSyncAB:
     def _leave_b_block(self) -> None:
         import torch
 
-        from mgprof.strategies import set_grad_sync
+        from mgprof.collect.wrap import set_grad_sync
 
         assert self._saved is not None
         models, optimizers = self._saved

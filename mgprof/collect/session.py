@@ -57,6 +57,15 @@ def active_session() -> Session | None:
     return _active
 
 
+def _stop_active_session() -> None:
+    session = _active
+    if session is not None:
+        session.stop()
+
+
+hooks.set_before_destroy(_stop_active_session)
+
+
 def explicit_session_started() -> bool:
     """Whether the script itself used ``mgprof.profile``/``profile_step`` in this process."""
     return _explicit_started
@@ -651,7 +660,7 @@ def _cuda_indices_in_use(strategy: str | None) -> list[int]:
     """CUDA devices this process drives: all of them under DataParallel, else its own."""
     if not torch.cuda.is_available():
         return []
-    from mgprof.strategies import devices_in_use
+    from mgprof.collect.wrap import devices_in_use
 
     return devices_in_use(strategy)
 

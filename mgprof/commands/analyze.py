@@ -71,7 +71,7 @@ def register(subparsers: Any) -> None:
 
 
 def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
-    from mgprof.launch import LaunchConfig
+    from mgprof.run.launcher import LaunchConfig
 
     return LaunchConfig(
         script=Path(args.script),
@@ -91,9 +91,9 @@ def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mgprof.launch import launch
     from mgprof.report.progress import LaunchProgress
-    from mgprof.runreport import finish_run, print_report
+    from mgprof.run.finish import finish_run, print_report
+    from mgprof.run.launcher import launch
 
     config = launch_config(args, args.strategy)
     with LaunchProgress(enabled=not args.quiet, total=_total(args)) as progress:

@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mgprof.comparison import compare
+    from mgprof.studies.compare import compare
 
     if args.nnodes != 1 or args.rdzv_endpoint:
         raise UsageError("compare runs on one node; drop --nnodes/--rdzv-endpoint")

@@ -118,7 +118,7 @@ def _is_sweep(path: Path) -> bool:
 
 def _render_sweep(path: Path, fmt: str, out: Path | None) -> int:
     from mgprof.report.sweep_view import render_sweep, sweep_to_json, sweep_to_markdown
-    from mgprof.sweep import read_sweep
+    from mgprof.studies.sweep import read_sweep
 
     result = read_sweep(path / "sweep.json" if path.is_dir() else path)
     if fmt == "term":

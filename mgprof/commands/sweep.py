@@ -89,7 +89,7 @@ def parse_range(text: str) -> tuple[int, int]:
 
 
 def sweep_config(args: argparse.Namespace) -> Any:
-    from mgprof.sweep import SweepConfig
+    from mgprof.studies.sweep import SweepConfig
 
     if args.nnodes > 1:
         raise UsageError("mgprof sweep runs on one node; drop --nnodes (or sweep on one node)")
@@ -121,7 +121,7 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from mgprof.report.sweep_view import render_sweep, sweep_to_json, sweep_to_markdown, trial_line
-    from mgprof.sweep import run_sweep
+    from mgprof.studies.sweep import run_sweep
 
     config = sweep_config(args)
 

@@ -1,7 +1,8 @@
 """``mgprof view RUN_DIR``: open a run's traces and scalars in TensorBoard's PyTorch Profiler tab.
 
-Parses arguments and calls ``mgprof.viewer`` / ``mgprof.tbscalars``; the server runs in the
-foreground until Ctrl-C, which stops it and exits 0 (stopping the viewer is the normal way out).
+Parses arguments and calls ``mgprof.view.tensorboard`` / ``mgprof.view.scalars``; the server
+runs in the foreground until Ctrl-C, which stops it and exits 0 (stopping the viewer is the
+normal way out).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
-from mgprof import viewer
 from mgprof.errors import UsageError
+from mgprof.view import tensorboard as viewer
 
 
 def register(subparsers: Any) -> None:
@@ -64,7 +65,7 @@ def _refresh_scalars(runs: list[Path]) -> None:
     """
     from mgprof.errors import RunRecordError
     from mgprof.records import read_run
-    from mgprof.tbscalars import scalars_stale, write_scalars
+    from mgprof.view.scalars import scalars_stale, write_scalars
 
     for run_dir in runs:
         if not scalars_stale(run_dir):

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mgprof.envknobs import positive_int_env
+from mgprof.collect.envknobs import positive_int_env
 
 STRATEGY_ENV = "MGPROF_STRATEGY"
 BATCH_SIZE_ENV = "MGPROF_BATCH_SIZE"

@@ -33,7 +33,7 @@ def finish_run(run_dir: Path, run: RunRecord) -> tuple[RunRecord, dict[str, Any]
     except ImportError:
         pass
     else:
-        from mgprof.tbscalars import write_scalars
+        from mgprof.view.scalars import write_scalars
 
         write_scalars(run_dir, run)
     write_html_report(run_dir, run, analysis)

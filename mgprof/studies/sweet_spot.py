@@ -285,7 +285,7 @@ def find_sweet_spot(
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
-    from mgprof.strategies import device as default_device
+    from mgprof.collect.wrap import device as default_device
 
     dev = torch.device(device) if device is not None else default_device()
     distributed = dist.is_available() and dist.is_initialized()

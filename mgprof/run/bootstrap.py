@@ -1,6 +1,6 @@
 """Run an unmodified training script under automatic instrumentation (``mgprof analyze``).
 
-``python -m mgprof.bootstrap SCRIPT [ARGS...]`` (each torchrun worker runs this) installs global
+``python -m mgprof.run.bootstrap SCRIPT [ARGS...]`` (each torchrun worker runs this) installs global
 hooks, then runs SCRIPT as ``__main__``:
 
 - an optimizer step-post hook marks step boundaries (the first optimizer seen is the clock, so
@@ -164,7 +164,7 @@ def _sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        print("usage: python -m mgprof.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
+        print("usage: python -m mgprof.run.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     script = Path(args[0])
     auto = AutoInstrument(

@@ -23,7 +23,8 @@ import msgspec
 from mgprof import rundir
 from mgprof.collect.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
-from mgprof.failures import (
+from mgprof.records import RankExit, RunRecord, read_run
+from mgprof.run.failures import (
     collective_of,
     describe_exits,
     is_torchrun_line,
@@ -31,7 +32,6 @@ from mgprof.failures import (
     parse_torchrun_failures,
     signal_name,
 )
-from mgprof.records import RankExit, RunRecord, read_run
 
 STRATEGIES = ("single", "dp", "ddp")
 STDERR_TAIL_LINES = 40
@@ -156,7 +156,7 @@ def plan(config: LaunchConfig, device_count: int | None = None) -> Plan:
 
 def worker_command(config: LaunchConfig, p: Plan) -> list[str]:
     """The command line: torchrun for DDP (multi-node flags passed through), else python."""
-    boot = ["-m", "mgprof.bootstrap", str(config.script), *config.script_args]
+    boot = ["-m", "mgprof.run.bootstrap", str(config.script), *config.script_args]
     if p.strategy != "ddp":
         return [sys.executable, *boot]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={p.nproc_per_node}"]

@@ -35,7 +35,7 @@ from mgprof.analyze.scaling import (
 )
 from mgprof.atomic import write_bytes_atomic
 from mgprof.errors import UsageError
-from mgprof.launch import STRATEGIES
+from mgprof.run.launcher import STRATEGIES
 
 DEFAULT_STEPS = 10
 DEFAULT_NOSYNC_STEPS = 6
@@ -81,7 +81,7 @@ def _plan_all(
     script: Path, strategies: Sequence[str], gpus: int, out: Path
 ) -> tuple[list[str], list[NotApplicable], bool]:
     """Which strategies can run here; DataParallel without CUDA becomes a not-applicable row."""
-    from mgprof.launch import LaunchConfig, plan
+    from mgprof.run.launcher import LaunchConfig, plan
 
     runnable: list[str] = []
     skipped: list[NotApplicable] = []
@@ -193,7 +193,7 @@ def _link_runs(comp_dir: Path, comp: Comparison) -> None:
     """Each strategy's run.json gets the table under ``analysis["comparison"]`` (and its HTML
     report is re-rendered) so a single run's report shows where it stands among the others."""
     from mgprof.records import read_run
-    from mgprof.runreport import write_html_report
+    from mgprof.run.finish import write_html_report
 
     table = analysis_rows(comp)
     for name in comp.runs.values():
@@ -221,8 +221,8 @@ def _run_one(
 ) -> Row:
     """Launch one strategy into the comparison directory, analyse it, make its row."""
     from mgprof.collect.nosync import read_result
-    from mgprof.launch import LaunchConfig, launch
-    from mgprof.runreport import finish_run
+    from mgprof.run.finish import finish_run
+    from mgprof.run.launcher import LaunchConfig, launch
 
     env = {"MGPROF_COMPARE": "1"}
     if per_process_batch is not None:

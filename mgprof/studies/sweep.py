@@ -8,7 +8,7 @@ fragmented or leaked memory to the next one. The script reads its batch size wit
 
 Memory per trial: on CUDA the caching allocator's peak reserved memory against the device total
 (what a CUDA OOM is about). On CPU with a memory budget the worker's address space is capped at
-"what it maps after importing torch + budget" (``mgprof.bootstrap``), so the budget is the
+"what it maps after importing torch + budget" (``mgprof.run.bootstrap``), so the budget is the
 capacity and the memory used is the peak RSS growth over that moment: peak RSS minus the RSS of
 a probe process that does what the bootstrap does before the cap (import torch, install hooks).
 """
@@ -115,7 +115,7 @@ def sweep(
 
 
 def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> SweepResult:
-    from mgprof.launch import LaunchConfig, plan
+    from mgprof.run.launcher import LaunchConfig, plan
 
     base = LaunchConfig(
         script=config.script,
@@ -215,8 +215,8 @@ def _run_trial(
     config: SweepConfig, base: Any, batch: int, accum: int, sweep_dir: Path
 ) -> tuple[Path, RunRecord, dict[str, Any]]:
     """One launch at ``batch`` in its own processes, then its analysis."""
-    from mgprof.launch import launch
-    from mgprof.runreport import finish_run
+    from mgprof.run.finish import finish_run
+    from mgprof.run.launcher import launch
 
     env = {BATCH_SIZE_ENV: str(batch)}
     if config.global_batch is not None:
@@ -285,7 +285,7 @@ class _StderrTap:
 def probe_baseline_rss_mib() -> float:
     """Peak RSS (MiB) of a process that has done what the bootstrap does before the cap."""
     code = (
-        "from mgprof.bootstrap import AutoInstrument\n"
+        "from mgprof.run.bootstrap import AutoInstrument\n"
         "AutoInstrument(0, None, 3).install()\n"
         "import torch\n"
         "from mgprof.collect.memory import peak_rss_mib\n"

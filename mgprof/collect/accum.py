@@ -8,7 +8,7 @@ optimisation at every trial. Outside a sweep it returns the script's own default
 
 from __future__ import annotations
 
-from mgprof.envknobs import positive_int_env
+from mgprof.collect.envknobs import positive_int_env
 
 ACCUM_STEPS_ENV = "MGPROF_ACCUM_STEPS"
 

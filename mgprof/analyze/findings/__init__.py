@@ -1,0 +1,85 @@
+"""Findings: advice drawn from a run's analysed figures, each backed by the numbers it rests on.
+
+Each rule is a small function ``(run, figures) -> Finding | None`` over the ``RunRecord`` and the
+dict ``analyze_run`` returns. A rule fires only on figures that were measured: a missing or None
+figure means "do not know", never "looks bad", so a CPU run or a run without traces gets no GPU
+advice. The rules live in one module per family (``strategy``, ``data``, ``compute``, ``memory``),
+each with its thresholds as named constants and the reason for their values; ``core`` holds the
+``Finding`` type and the shared readers. This module fixes the order the rules run in and
+evaluates them. The rule list and the advice are documented in ``docs/findings.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from mgprof.analyze.findings.compute import FP32_GEMM_PCT as FP32_GEMM_PCT
+from mgprof.analyze.findings.compute import HARDWARE_THROTTLE as HARDWARE_THROTTLE
+from mgprof.analyze.findings.compute import LOW_UTIL_PCT as LOW_UTIL_PCT
+from mgprof.analyze.findings.compute import THROTTLE_REASON_BITS as THROTTLE_REASON_BITS
+from mgprof.analyze.findings.compute import VERY_LOW_UTIL_PCT as VERY_LOW_UTIL_PCT
+from mgprof.analyze.findings.compute import clock_throttling, fp32_gemms, low_utilisation
+from mgprof.analyze.findings.core import SEVERITY_ORDER, Finding, Rule
+from mgprof.analyze.findings.core import Severity as Severity
+from mgprof.analyze.findings.data import DATALOADER_HIGH_PCT as DATALOADER_HIGH_PCT
+from mgprof.analyze.findings.data import DATALOADER_SHARE_PCT as DATALOADER_SHARE_PCT
+from mgprof.analyze.findings.data import dataloader_stall, identical_batches, set_epoch_missing
+from mgprof.analyze.findings.memory import HEADROOM_CRITICAL_PCT as HEADROOM_CRITICAL_PCT
+from mgprof.analyze.findings.memory import HEADROOM_HIGH_PCT as HEADROOM_HIGH_PCT
+from mgprof.analyze.findings.memory import HEADROOM_LOW_PCT as HEADROOM_LOW_PCT
+from mgprof.analyze.findings.memory import memory_headroom, memory_near_limit
+from mgprof.analyze.findings.strategy import EXPOSED_COMM_HIGH_PCT as EXPOSED_COMM_HIGH_PCT
+from mgprof.analyze.findings.strategy import EXPOSED_COMM_PCT as EXPOSED_COMM_PCT
+from mgprof.analyze.findings.strategy import SPREAD_HIGH_PCT as SPREAD_HIGH_PCT
+from mgprof.analyze.findings.strategy import SPREAD_PCT as SPREAD_PCT
+from mgprof.analyze.findings.strategy import (
+    dataparallel_in_use,
+    exposed_communication,
+    find_unused_parameters,
+    rank_imbalance,
+)
+from mgprof.records import RunRecord
+
+__all__ = [
+    "RULES",
+    "SEVERITY_ORDER",
+    "Finding",
+    "evaluate_findings",
+]
+
+RULES: tuple[Rule, ...] = (
+    dataparallel_in_use,
+    identical_batches,
+    exposed_communication,
+    low_utilisation,
+    dataloader_stall,
+    fp32_gemms,
+    memory_near_limit,
+    rank_imbalance,
+    clock_throttling,
+    set_epoch_missing,
+    find_unused_parameters,
+    memory_headroom,
+)
+"""Every rule, in the order equal-severity findings are reported."""
+
+
+def evaluate_findings(run: RunRecord, analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every finding that fires, as JSON-ready dicts, most severe first.
+
+    A rule that raises on malformed figures is skipped: findings are advice, and one bad figure
+    in a run.json must not hide the report or the other findings.
+    """
+    found: list[Finding] = []
+    for rule in RULES:
+        try:
+            finding = rule(run, analysis)
+        except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError):
+            continue
+        if finding is not None:
+            found.append(finding)
+    found.sort(key=lambda f: SEVERITY_ORDER[f.severity])
+    return [msgspec.to_builtins(f) for f in found]

@@ -1,0 +1,117 @@
+"""Findings on device memory: too little headroom (OOM risk) or so much that the batch can grow."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mgprof.analyze.findings.core import Finding, _cuda_ranks
+from mgprof.analyze.readers import as_dict as _dict
+from mgprof.analyze.readers import num as _num
+from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.records import RunRecord
+
+# --------------------------------------------------------------------------------------------
+# Thresholds
+
+HEADROOM_LOW_PCT = 10.0
+"""Under 10 % free device memory: allocator fragmentation or a longer batch can OOM the run."""
+HEADROOM_CRITICAL_PCT = 5.0
+"""Under 5 % free: the next larger input will most likely fail with CUDA out of memory."""
+HEADROOM_HIGH_PCT = 50.0
+"""More than half the device unused: a larger batch (or model) is likely to raise throughput."""
+
+
+# --------------------------------------------------------------------------------------------
+# Rules
+
+
+def _memory_rows(figures: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, memory figures) per CUDA device: each DataParallel device counts on its own."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for rank in _ranks(figures):
+        mem = _dict(rank.get("memory"))
+        if mem.get("kind") != "cuda":
+            continue
+        per_device = _dict(mem.get("per_device"))
+        if per_device:
+            rows.extend((f"rank {rank.get('rank')} {k}", _dict(v)) for k, v in per_device.items())
+        else:
+            rows.append((f"rank {rank.get('rank')} {rank.get('device', '')}".strip(), mem))
+    return [(label, m) for label, m in rows if _num(m.get("headroom_pct")) is not None]
+
+
+def _mem_text(label: str, mem: Mapping[str, Any]) -> str:
+    reserved, total = _num(mem.get("peak_reserved_mib")), _num(mem.get("total_mib"))
+    pct = _num(mem.get("headroom_pct")) or 0.0
+    text = f"{label}: {pct:.1f} % free"
+    if reserved is not None and total is not None:
+        text += f" (peak reserved {reserved:,.0f} MiB of {total:,.0f} MiB)"
+    return text
+
+
+def memory_near_limit(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+    """Peak reserved memory close to the device total: the next longer input may OOM."""
+    rows = _memory_rows(figures)
+    tight = [
+        (label, m) for label, m in rows if (_num(m.get("headroom_pct")) or 0) < HEADROOM_LOW_PCT
+    ]
+    if not tight:
+        return None
+    label, mem = min(tight, key=lambda r: _num(r[1].get("headroom_pct")) or 0.0)
+    pct = _num(mem.get("headroom_pct")) or 0.0
+    return Finding(
+        rule="memory_near_limit",
+        severity="high" if pct < HEADROOM_CRITICAL_PCT else "medium",
+        title="Device memory is nearly full",
+        evidence="; ".join(_mem_text(lbl, m) for lbl, m in tight),
+        cause=(
+            "activations of the batch, parameters, gradients and optimizer state fill the "
+            "device; fragmentation or a longer input can then fail with CUDA out of memory."
+        ),
+        change=(
+            "checkpoint activations (`torch.utils.checkpoint.checkpoint(block, x, "
+            "use_reentrant=False)`), use a smaller batch with gradient accumulation, enable "
+            '`torch.autocast("cuda", dtype=torch.bfloat16)`, or set '
+            "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` against fragmentation"
+        ),
+        figures={"device": label, "headroom_pct": pct},
+    )
+
+
+def memory_headroom(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+    """Most of every device unused: room for a larger batch, which usually raises throughput."""
+    rows = _memory_rows(figures)
+    if not rows or len(rows) < len(_cuda_ranks(run)):
+        return None  # one unmeasured device might be the full one
+    if min(_num(m.get("headroom_pct")) or 0.0 for _, m in rows) <= HEADROOM_HIGH_PCT:
+        return None
+    label, mem = min(rows, key=lambda r: _num(r[1].get("headroom_pct")) or 0.0)
+    reserved, total = _num(mem.get("peak_reserved_mib")), _num(mem.get("total_mib"))
+    batch = _batch_size(run)
+    change = "raise the per-GPU batch size (scale the learning rate with it)"
+    if batch is not None:
+        change = f"raise the per-GPU batch size above {batch} (scale the learning rate with it)"
+    change += "; find the throughput sweet spot with `mgprof sweep`"
+    saving = None
+    if reserved and total and batch:
+        # Upper bound: parameters and optimizer state do not grow with the batch.
+        saving = (
+            f"memory allows up to about {int(batch * 0.9 * total / reserved)} samples per GPU "
+            "(upper bound; throughput gain depends on utilisation, measure with mgprof sweep)"
+        )
+    return Finding(
+        rule="memory_headroom",
+        severity="low",
+        title="Most of the device memory is unused",
+        evidence="least free device: " + _mem_text(label, mem),
+        cause="the batch (or model) uses a small part of the device's memory.",
+        change=change,
+        saving=saving,
+        figures={"device": label, "headroom_pct": _num(mem.get("headroom_pct")), "batch": batch},
+    )
+
+
+def _batch_size(run: RunRecord) -> int | None:
+    sizes = [s.batch_size for r in run.ranks for s in r.steps if s.batch_size is not None]
+    return max(set(sizes), key=sizes.count) if sizes else None

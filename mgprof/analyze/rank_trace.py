@@ -1,0 +1,107 @@
+"""RankTrace: what one rank's trace reduces to (arrays and records), and its KIND_* row codes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mgprof.analyze.intervals import FloatArray
+
+__all__ = [
+    "KIND_COMM",
+    "KIND_COMPUTE",
+    "KIND_MEMCPY",
+    "KIND_MEMSET",
+    "CommArgs",
+    "CpuCommOp",
+    "RankTrace",
+    "Step",
+]
+
+KIND_COMPUTE, KIND_COMM, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class CommArgs:
+    """What a trace says about one collective call (``record_param_comms``-style args)."""
+
+    collective: str | None = None
+    in_nelems: int | None = None
+    out_nelems: int | None = None
+    dtype: str | None = None
+    group_size: int | None = None
+    pg_name: str | None = None
+    seq: str | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ``ProfilerStep#N`` span on the CPU side."""
+
+    number: int
+    start: float
+    end: float
+    tid: str
+
+
+@dataclass(frozen=True)
+class CpuCommOp:
+    """A ``gloo:*`` / ``nccl:*`` CPU event: the communication work of a CPU-only trace."""
+
+    name: str
+    start: float
+    end: float
+    tid: str
+    nbytes: int | None
+
+
+@dataclass
+class RankTrace:
+    """One rank's trace reduced to what the analyses need (see module docstring)."""
+
+    path: Path
+    rank: int | None
+    rank_source: str
+    world_size: int | None
+    backend: str | None
+    pg_sizes: dict[str, int]
+    device_properties: list[dict[str, object]]
+    n_events: int
+    skipped_device_events: int
+    # Device events, one row each: start/end (us), kind (KIND_*), correlation id (-1: none),
+    # index into kernel_names (-1 for memcpy/memset).
+    dev_start: FloatArray
+    dev_end: FloatArray
+    dev_kind: np.ndarray
+    dev_corr: np.ndarray
+    dev_name: np.ndarray
+    kernel_names: list[str]
+    comm_args: dict[int, CommArgs]  # device row -> collective args carried by the kernel
+    # CPU side
+    launch_corr: np.ndarray  # correlation ids of runtime/driver calls, sorted
+    launch_ts: FloatArray  # matching launch timestamps
+    launch_tid: list[str]
+    steps: list[Step]
+    dataloader: tuple[FloatArray, FloatArray]
+    param_comms: list[tuple[str, float, float, CommArgs]]  # record_param_comms spans
+    cpu_comm_ops: list[CpuCommOp]
+    main_tid: str | None
+    main_thread: tuple[FloatArray, FloatArray]  # compute events on the main thread
+    cpu_window_all: tuple[float, float] | None  # first start .. last end of CPU events
+    flops_total: float | None
+    flops_ops: int
+    # Timestamps above are relative to time_base_us (the first complete event's ts in the file),
+    # so that end = start + dur keeps sub-ns precision for large absolute timestamps.
+    time_base_us: float = 0.0
+    # External id of each device row's launching op (-1: none), and PREC_* of GEMM/conv ops.
+    dev_ext: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gemm_precision: dict[int, int] = field(default_factory=dict)
+    flops_source: str | None = None
+    flops_estimate_skipped: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_device_events(self) -> bool:
+        return bool(self.dev_start.size)

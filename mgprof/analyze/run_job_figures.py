@@ -1,0 +1,134 @@
+"""Figures across the ranks of a run: job throughput and energy, slowest rank, identical batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mgprof.analyze.readers import num as _float_or_none
+from mgprof.analyze.run_results import JobAnalysis, RankAnalysis
+from mgprof.analyze.run_steps import dataloader_totals, steady_state_steps
+from mgprof.analyze.stats import ratio_pct, spread_pct
+from mgprof.records import RunRecord
+
+
+def job_analysis(run: RunRecord, ranks: Sequence[RankAnalysis]) -> JobAnalysis:
+    """The job figures of ``run`` from its records and its ranks' figures."""
+    job = JobAnalysis(
+        strategy=run.strategy,
+        world_size=run.world_size,
+        ranks_reported=len(run.ranks),
+        missing_ranks=sorted(run.missing_ranks),
+    )
+    _job_throughput(run, ranks, job)
+    _job_energy(run, ranks, job)
+    _job_dataloader(run, job)
+    _job_slowest(ranks, job)
+    _job_identical_batches(run, job)
+    _cpu_fallback(run, job)
+    return job
+
+
+def _job_throughput(run: RunRecord, ranks: Sequence[RankAnalysis], job: JobAnalysis) -> None:
+    missing = sorted(set(job.missing_ranks))
+    if missing or len(ranks) < run.world_size:
+        job.not_applicable["samples_per_s"] = (
+            f"ranks {missing or 'some'} did not report; a job total would undercount"
+        )
+        return
+    lacking = [r for r in ranks if r.samples_per_s is None]
+    if not ranks or lacking:
+        first = lacking[0] if lacking else None
+        job.not_applicable["samples_per_s"] = (
+            f"rank {first.rank}: {first.not_applicable.get('samples_per_s', 'no throughput')}"
+            if first
+            else "no rank reported"
+        )
+        return
+    job.samples_per_s = sum(r.samples_per_s or 0.0 for r in ranks)
+
+
+def _job_energy(run: RunRecord, ranks: Sequence[RankAnalysis], job: JobAnalysis) -> None:
+    lacking = [r for r in ranks if r.energy_j is None]
+    if not ranks or lacking:
+        reason = lacking[0].not_applicable.get("energy_j", "no energy") if lacking else "no rank"
+        job.not_applicable["energy_j"] = reason
+        job.not_applicable["energy_per_sample_j"] = reason
+        return
+    # Ranks on one node may sample the same GPU: count each device (by NVML uuid) once.
+    seen: set[str] = set()
+    energy = 0.0
+    for rec in run.ranks:
+        for dev in rec.sampler.devices:
+            uuid = dev.facts.get("uuid")
+            if isinstance(uuid, str):
+                if uuid in seen:
+                    continue
+                seen.add(uuid)
+            energy += _float_or_none(dev.summary.get("energy_j")) or 0.0
+    job.energy_j = energy
+    if any(r.energy_per_sample_j is None for r in ranks):
+        job.not_applicable["energy_per_sample_j"] = (
+            "batch size not recorded for every step on every rank"
+        )
+        return
+    samples = sum(s.batch_size or 0 for rec in run.ranks for s in rec.steps)
+    job.energy_per_sample_j = energy / samples
+
+
+def _job_dataloader(run: RunRecord, job: JobAnalysis) -> None:
+    dl = dur = 0.0
+    for rec in run.ranks:
+        d, t = dataloader_totals(rec, steady_state_steps(rec.steps))
+        dl += d
+        dur += t
+    job.dataloader_share_pct = ratio_pct(dl, dur)
+    if job.dataloader_share_pct is None:
+        job.not_applicable["dataloader_share_pct"] = "DataLoader wait was not timed on any rank"
+
+
+def _job_slowest(ranks: Sequence[RankAnalysis], job: JobAnalysis) -> None:
+    timed = [(r.step_time_ms.mean, r.rank) for r in ranks if r.step_time_ms is not None]
+    if len(timed) < 2:
+        why = "fewer than two ranks with step times: nothing to compare"
+        job.not_applicable["slowest_rank"] = why
+        job.not_applicable["step_time_spread_pct"] = why
+        return
+    slow_ms, slow_rank = max(timed)
+    fast_ms, fast_rank = min(timed)
+    job.slowest_rank, job.slowest_mean_step_ms = slow_rank, slow_ms
+    job.fastest_rank, job.fastest_mean_step_ms = fast_rank, fast_ms
+    job.step_time_spread_pct = spread_pct([t for t, _ in timed])
+    if job.step_time_spread_pct is None:
+        job.not_applicable["step_time_spread_pct"] = "the fastest rank's mean step time is zero"
+
+
+def _job_identical_batches(run: RunRecord, job: JobAnalysis) -> None:
+    if len(run.ranks) < 2:
+        job.not_applicable["identical_batches"] = (
+            "one process: nothing to compare across ranks (DataParallel splits each batch itself)"
+        )
+        return
+    by_rank = [
+        {s.index: s.fingerprint for s in rec.steps if s.fingerprint is not None}
+        for rec in run.ranks
+    ]
+    common = set.intersection(*(set(fp) for fp in by_rank))
+    if not common:
+        job.not_applicable["identical_batches"] = (
+            "no step index has a batch fingerprint on every rank"
+        )
+        return
+    job.fingerprint_steps_compared = len(common)
+    job.identical_batch_steps = sorted(i for i in common if len({fp[i] for fp in by_rank}) == 1)
+    job.identical_batches = len(job.identical_batch_steps) == len(common)
+
+
+def _cpu_fallback(run: RunRecord, job: JobAnalysis) -> None:
+    job.cpu_fallback = run.cpu_fallback
+    if run.cpu_fallback:
+        reason = run.cpu_fallback_reason or "no CUDA device was available"
+        job.cpu_fallback_notice = (
+            f"This run used the CPU, not GPUs: {reason}. It proves the wiring (ranks, gloo "
+            "communication, step timing), not GPU performance: NVML utilisation, MFU, energy "
+            "and CUDA memory figures do not apply."
+        )

@@ -1,0 +1,400 @@
+"""Classify decoded trace events and reduce them, slice by slice, to one rank's RankTrace."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from mgprof.analyze.flop_estimate import (
+    _FLOP_OPS,
+    FLOPS_ESTIMATED,
+    _leaf_flops,
+    _precision,
+    estimate_flops,
+)
+from mgprof.analyze.rank_trace import (
+    KIND_COMM,
+    KIND_COMPUTE,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    CommArgs,
+    CpuCommOp,
+    RankTrace,
+    Step,
+)
+from mgprof.analyze.trace_schema import (
+    Num,
+    _as_int,
+    _as_str,
+    _comm_args,
+    _DistInfo,
+    _Event,
+    _finite,
+    _input_bytes,
+)
+from mgprof.errors import TraceError
+
+__all__ = ["COMM_KERNEL_RE", "rank_from_filename"]
+
+# DESIGN.md: a communication kernel is a kernel whose name matches nccl or rccl.
+COMM_KERNEL_RE = re.compile(r"nccl|rccl", re.IGNORECASE)
+_RANK_FILE_RE = re.compile(r"(?:rank[-_]?|worker)(\d+)(?![0-9])", re.IGNORECASE)
+_DEVICE_CATS = {
+    "kernel": KIND_COMPUTE,
+    "gpu_memcpy": KIND_MEMCPY,
+    "memcpy": KIND_MEMCPY,
+    "gpu_memset": KIND_MEMSET,
+    "memset": KIND_MEMSET,
+}
+_LAUNCH_CATS = {"cuda_runtime", "runtime", "cuda_driver"}
+# CPU-side events that are communication rather than compute (DESIGN.md "communication ops").
+_CPU_COMM_PREFIXES = ("gloo:", "nccl:")
+_CPU_COMM_WRAPPERS = ("c10d::", "record_param_comms")
+
+
+def rank_from_filename(path: Path) -> int | None:
+    """Rank from names like ``rank-3.json.gz``, ``rank3.pt.trace.json``, ``worker3.*``."""
+    m = _RANK_FILE_RE.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _step_number(name: str) -> int | None:
+    tail = name[len("ProfilerStep#") :]
+    return int(tail) if tail.isdigit() else None
+
+
+# What :meth:`_Reducer.feed` does with an event, decided once per distinct ``cat`` (a device
+# category maps to its KIND_*, 0..3) and, for CPU events, once per distinct name (_N_* bits).
+_CAT_LAUNCH, _CAT_SKIP, _CAT_CPU = 4, 5, 6
+_N_STEP, _N_DATALOADER, _N_CPU_COMM, _N_FLOP_OP, _N_PARAM_COMMS = 1, 2, 4, 8, 16
+
+
+def _cat_code(raw_cat: str | None) -> int:
+    cat = raw_cat.lower() if raw_cat else ""
+    kind = _DEVICE_CATS.get(cat)
+    if kind is not None:
+        return kind
+    if cat in _LAUNCH_CATS:
+        return _CAT_LAUNCH
+    if cat in ("trace", "gpu_user_annotation"):
+        return _CAT_SKIP
+    return _CAT_CPU
+
+
+def _name_flags(name: str) -> int:
+    if name.startswith("ProfilerStep#"):
+        return _N_STEP
+    flags = 0
+    if name.startswith("enumerate(DataLoader)#"):
+        flags |= _N_DATALOADER
+    if name.startswith(_CPU_COMM_PREFIXES):
+        flags |= _N_CPU_COMM
+    if name in _FLOP_OPS:
+        flags |= _N_FLOP_OP
+    elif name == "record_param_comms":
+        flags |= _N_PARAM_COMMS
+    return flags
+
+
+class _Reducer:
+    """Reduces decoded events, one slice at a time, to the columns :class:`RankTrace` holds."""
+
+    def __init__(self) -> None:
+        self.base: float | None = None
+        self.dev_start: list[float] = []
+        self.dev_end: list[float] = []
+        self.dev_kind: list[int] = []
+        self.dev_corr: list[int] = []
+        self.dev_name: list[int] = []
+        self.dev_ext: list[int] = []
+        self.name_index: dict[str, int] = {}
+        self.kind_of_name: dict[str, int] = {}  # kernel name -> KIND_COMPUTE / KIND_COMM
+        self.comm_args: dict[int, CommArgs] = {}
+        # Runtime/driver calls by correlation id: launch timestamp and thread (two dicts of
+        # untracked values rather than one of tuples: no garbage-collector work per launch).
+        self.launch_ts: dict[int, float] = {}
+        self.launch_tid: dict[int, str] = {}
+        self.steps: list[Step] = []
+        self.dl_s: list[float] = []
+        self.dl_e: list[float] = []
+        self.param_comms: list[tuple[str, float, float, CommArgs]] = []
+        self.cpu_comm_ops: list[CpuCommOp] = []
+        self.cpu_events: list[tuple[float, float, str, str]] = []  # (start, end, tid, name)
+        # GEMM/conv ops: (tid, start, end, flops or None, reason)
+        self.flop_ops: list[tuple[str, float, float, float | None, str]] = []
+        self.gemm_prec: dict[int, int] = {}  # External id -> PREC_* of GEMM/conv ops
+        self.flops_total = 0.0
+        self.flops_ops = 0
+        self.skipped = 0
+        self.complete = 0
+        self.n_events = 0
+        self.tid_str: dict[object, str] = {}
+        self.cat_code: dict[str | None, int] = {}  # raw ``cat`` -> KIND_* or _CAT_*
+        self.name_flags: dict[str, int] = {}  # CPU event name -> _N_* bits
+
+    def feed(self, events: list[_Event]) -> None:
+        self.n_events += len(events)
+        if self.base is None:
+            for ev in events:
+                if ev.ph == "X" and ev.ts is not None and math.isfinite(ev.ts):
+                    self.base = float(ev.ts)
+                    break
+        base = self.base if self.base is not None else 0.0
+        cat_code = self.cat_code
+        name_flags = self.name_flags
+        kind_of_name = self.kind_of_name
+        name_index = self.name_index
+        tid_str = self.tid_str
+        launch_ts, launch_tid = self.launch_ts, self.launch_tid
+        dev_start, dev_end, dev_kind = self.dev_start, self.dev_end, self.dev_kind
+        dev_corr, dev_name, dev_ext = self.dev_corr, self.dev_name, self.dev_ext
+        cpu_events = self.cpu_events
+        isfinite = math.isfinite
+        complete = skipped = 0  # written back to self after the loop
+        for ev in events:
+            if ev.ph != "X":
+                continue
+            raw_cat = ev.cat
+            code = cat_code.get(raw_cat)
+            if code is None:
+                code = cat_code[raw_cat] = _cat_code(raw_cat)
+            ts = ev.ts
+            dur = ev.dur
+            valid = (
+                ts is not None
+                and dur is not None
+                and dur >= 0.0  # a float literal: int-vs-float comparison is the slow path
+                and isfinite(ts)
+                and isfinite(dur)
+            )
+            if code < _CAT_LAUNCH:  # a device event: code is its KIND_*
+                if not valid:
+                    skipped += 1
+                    continue
+                complete += 1
+                name = ev.name or ""
+                start = ts - base  # type: ignore[operator]
+                row = len(dev_start)
+                dev_start.append(start)
+                dev_end.append(start + dur)  # type: ignore[operator]
+                args = ev.args
+                corr = args.correlation if args is not None else None
+                if type(corr) is not int:
+                    corr = _as_int(corr)
+                dev_corr.append(-1 if corr is None else corr)
+                if code == KIND_COMPUTE:
+                    kind = kind_of_name.get(name, -1)
+                    if kind < 0:
+                        kind = KIND_COMM if COMM_KERNEL_RE.search(name) else KIND_COMPUTE
+                        kind_of_name[name] = kind
+                        name_index[name] = len(name_index)
+                    dev_name.append(name_index[name])
+                    ext = args.external_id if args is not None else None
+                    if type(ext) is not int:
+                        ext = _as_int(ext)
+                    dev_ext.append(-1 if ext is None else ext)
+                    if kind == KIND_COMM and args is not None:
+                        ca = _comm_args(args)
+                        if ca is not None:
+                            self.comm_args[row] = ca
+                    dev_kind.append(kind)
+                else:
+                    dev_name.append(-1)
+                    dev_ext.append(-1)
+                    dev_kind.append(code)
+                continue
+            if not valid:
+                continue
+            complete += 1
+            if code == _CAT_SKIP:
+                # The profiler's own span is not activity, and GPU-side annotations (which repeat
+                # ProfilerStep#N names on the device timeline) are not CPU events.
+                continue
+            ts = ts - base  # type: ignore[operator]
+            raw_tid = ev.tid
+            if type(raw_tid) is str:
+                tid = raw_tid
+            else:
+                tid = tid_str.get(raw_tid)  # type: ignore[assignment]
+                if tid is None:
+                    tid = tid_str[raw_tid] = _as_str(raw_tid) or ""
+            if code == _CAT_LAUNCH:
+                args = ev.args
+                if args is not None:
+                    corr = args.correlation
+                    if type(corr) is not int:
+                        corr = _as_int(corr)
+                    if corr is not None:
+                        launch_ts[corr] = ts
+                        launch_tid[corr] = tid
+                continue
+            end = ts + dur  # type: ignore[operator]
+            name = ev.name or ""
+            flags = name_flags.get(name)
+            if flags is None:
+                flags = name_flags[name] = _name_flags(name)
+            args = ev.args
+            if not flags:  # the common case: an op with no special meaning
+                if args is not None and args.flops is not None:
+                    self._add_flops(args.flops)
+                cpu_events.append((ts, end, tid, name))
+                continue
+            if flags & _N_STEP:
+                num = _step_number(name)
+                if num is not None:
+                    self.steps.append(Step(num, ts, end, tid))
+                continue
+            if flags & _N_DATALOADER:
+                self.dl_s.append(ts)
+                self.dl_e.append(end)
+            if args is None:
+                if flags & _N_CPU_COMM:
+                    self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, None))
+                cpu_events.append((ts, end, tid, name))
+                continue
+            if args.flops is not None:
+                self._add_flops(args.flops)
+            if flags & _N_FLOP_OP:
+                est, why = estimate_flops(name, args.input_dims, args.concrete)
+                self.flop_ops.append((tid, ts, end, est, why))
+                ext = _as_int(args.external_id)
+                if ext is not None:
+                    prec = _precision(name, args.input_type)
+                    if prec:
+                        self.gemm_prec[ext] = prec
+            elif flags & _N_PARAM_COMMS:
+                ca = _comm_args(args)
+                if ca is not None:
+                    self.param_comms.append((tid, ts, end, ca))
+            if flags & _N_CPU_COMM:
+                self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, _input_bytes(args)))
+            cpu_events.append((ts, end, tid, name))
+        self.complete += complete
+        self.skipped += skipped
+
+    def _add_flops(self, flops: Num) -> None:
+        fl = _finite(flops)
+        if fl is not None and fl >= 0:
+            self.flops_total += fl
+            self.flops_ops += 1
+
+    def finish(self, p: Path, dist: _DistInfo | None, props: list[dict[str, object]]) -> RankTrace:
+        if self.complete == 0:
+            raise TraceError(
+                f"{p}: trace has no complete ('ph': 'X') events with a timestamp and duration; "
+                "profile at least one active step"
+            )
+        rank = _as_int(dist.rank) if dist else None
+        rank_source = "distributedInfo"
+        if rank is None:
+            rank = rank_from_filename(p)
+            rank_source = "file name" if rank is not None else "unknown"
+        pg_sizes: dict[str, int] = {}
+        if dist and dist.pg_config:
+            for pg in dist.pg_config:
+                size = _as_int(pg.pg_size)
+                if pg.pg_name is not None and size is not None:
+                    pg_sizes[str(pg.pg_name)] = size
+
+        steps = sorted(self.steps, key=lambda s: s.start)
+        cpu_events = self.cpu_events
+        main_tid = _main_thread(steps, cpu_events)
+        main_s: list[float] = []
+        main_e: list[float] = []
+        cpu_window_all = None
+        if not self.dev_start and cpu_events:
+            # Only CPU-only traces use the main-thread compute events and the whole-trace window.
+            for start, end, tid, name in cpu_events:
+                if tid == main_tid and not _is_comm_name(name):
+                    main_s.append(start)
+                    main_e.append(end)
+            cpu_window_all = (min(c[0] for c in cpu_events), max(c[1] for c in cpu_events))
+        if steps and not self.dev_start:
+            lo = min(s.start for s in steps)
+            hi = max(s.end for s in steps)
+            cpu_window_all = (
+                (min(lo, cpu_window_all[0]), max(hi, cpu_window_all[1]))
+                if cpu_window_all
+                else (lo, hi)
+            )
+        self.cpu_events = []
+
+        est_total, est_ops, est_skipped = _leaf_flops(self.flop_ops)
+        if self.flops_ops:
+            flops_total: float | None = self.flops_total
+            flops_ops, flops_source = self.flops_ops, "trace args.flops"
+        elif est_ops:
+            flops_total, flops_ops, flops_source = est_total, est_ops, FLOPS_ESTIMATED
+        else:
+            flops_total, flops_ops, flops_source = None, 0, None
+
+        corr_sorted = sorted(self.launch_ts)
+        return RankTrace(
+            path=p,
+            rank=rank,
+            rank_source=rank_source,
+            world_size=_as_int(dist.world_size) if dist else None,
+            backend=_as_str(dist.backend) if dist else None,
+            pg_sizes=pg_sizes,
+            device_properties=props,
+            n_events=self.n_events,
+            skipped_device_events=self.skipped,
+            dev_start=np.asarray(self.dev_start, dtype=np.float64),
+            dev_end=np.asarray(self.dev_end, dtype=np.float64),
+            dev_kind=np.asarray(self.dev_kind, dtype=np.int8),
+            dev_corr=np.asarray(self.dev_corr, dtype=np.int64),
+            dev_name=np.asarray(self.dev_name, dtype=np.int32),
+            kernel_names=list(self.name_index),
+            comm_args=self.comm_args,
+            launch_corr=np.asarray(corr_sorted, dtype=np.int64),
+            launch_ts=np.fromiter(
+                map(self.launch_ts.__getitem__, corr_sorted),
+                dtype=np.float64,
+                count=len(corr_sorted),
+            ),
+            launch_tid=list(map(self.launch_tid.__getitem__, corr_sorted)),
+            steps=steps,
+            dataloader=(
+                np.asarray(self.dl_s, dtype=np.float64),
+                np.asarray(self.dl_e, dtype=np.float64),
+            ),
+            param_comms=self.param_comms,
+            cpu_comm_ops=self.cpu_comm_ops,
+            main_tid=main_tid,
+            main_thread=(
+                np.asarray(main_s, dtype=np.float64),
+                np.asarray(main_e, dtype=np.float64),
+            ),
+            cpu_window_all=cpu_window_all,
+            flops_total=flops_total,
+            flops_ops=flops_ops,
+            time_base_us=self.base if self.base is not None else 0.0,
+            dev_ext=np.asarray(self.dev_ext, dtype=np.int64),
+            gemm_precision=self.gemm_prec,
+            flops_source=flops_source,
+            flops_estimate_skipped=est_skipped,
+        )
+
+
+def _is_comm_name(name: str) -> bool:
+    return name.startswith(_CPU_COMM_PREFIXES) or name.startswith(_CPU_COMM_WRAPPERS)
+
+
+def _main_thread(steps: list[Step], cpu_events: list[tuple[float, float, str, str]]) -> str | None:
+    """The thread of the ``ProfilerStep#N`` events; without steps, the busiest CPU thread.
+
+    "Busiest" = largest summed duration of top-level-or-not complete events; it is a fallback for
+    traces recorded without a schedule, stated in the result's definitions.
+    """
+    if steps:
+        counts: dict[str, int] = {}
+        for s in steps:
+            counts[s.tid] = counts.get(s.tid, 0) + 1
+        return max(counts, key=lambda t: counts[t])
+    totals: dict[str, float] = {}
+    for start, end, tid, _name in cpu_events:
+        totals[tid] = totals.get(tid, 0.0) + (end - start)
+    return max(totals, key=lambda t: totals[t]) if totals else None

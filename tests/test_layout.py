@@ -1,0 +1,120 @@
+"""The package layout is the architecture: imports point one way (docs/architecture.md).
+
+commands → studies → run → collect; run and studies may use view, analyze and report; everything
+may use the shared vocabulary at the root (records, errors, atomic, rundir). analyze and report
+import neither torch nor pynvml nor any layer above them. Checked on the source, every import,
+including the ones inside functions, so a lazy import cannot hide a wrong arrow.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "mgprof"
+
+SHARED = {"records", "errors", "atomic", "rundir"}
+# layer -> the layers (and shared modules) its modules may import
+S = {"shared"}
+ALLOWED: dict[str, set[str]] = {
+    "shared": S,
+    "analyze": S | {"analyze"},
+    "report": S | {"analyze", "report"},
+    "view": S | {"view"},
+    "collect": S | {"collect"},
+    "run": S | {"run", "collect", "analyze", "report", "view"},
+    "studies": S | {"studies", "run", "collect", "analyze", "report", "view"},
+    "commands": S | {"commands", "studies", "run", "collect", "analyze", "report", "view"},
+    "cli": S | {"commands"},
+    "testing": S | {"collect"},
+    "package": {"package"},  # mgprof/__init__.py maps public names lazily, by string
+    "main": {"cli"},
+}
+PURE = {"analyze", "report"}
+
+
+def _layer(module: str) -> str:
+    """``mgprof.collect.session`` -> ``collect``; root modules are their own layer."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "package"
+    head = parts[1]
+    if head in SHARED:
+        return "shared"
+    if head == "__main__":
+        return "main"
+    return head
+
+
+def _modules() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found.append((".".join(parts), path))
+    return found
+
+
+def _imports(path: Path, module: str) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: list[str] = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            if stem == "mgprof":
+                names.extend(f"mgprof.{alias.name}" for alias in node.names)
+            else:
+                names.append(stem)
+    return names
+
+
+MODULES = _modules()
+
+
+def test_every_module_has_a_known_layer() -> None:
+    unknown = {m for m, _ in MODULES if _layer(m) not in ALLOWED}
+    assert not unknown, f"modules outside the documented layout: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
+def test_imports_point_one_way(module: str, path: Path) -> None:
+    layer = _layer(module)
+    wrong = []
+    for name in _imports(path, module):
+        top = name.split(".")[0]
+        if layer in PURE and top in {"torch", "pynvml"}:
+            wrong.append(name)
+        if top != "mgprof" or name == "mgprof":
+            continue
+        if name == "mgprof.__version__":
+            continue
+        target = _layer(name)
+        if target not in ALLOWED[layer] and target != layer:
+            wrong.append(name)
+    assert not wrong, f"{module} ({layer}) imports {wrong}; allowed: {sorted(ALLOWED[layer])}"
+
+
+def test_the_checker_sees_a_wrong_arrow(tmp_path: Path) -> None:
+    """The rule fires on a real violation, including a lazy import inside a function."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from mgprof.run.launcher import launch\n    import torch\n")
+    names = _imports(bad, "mgprof.collect.bad")
+    assert "mgprof.run.launcher" in names and "torch" in names
+    assert _layer("mgprof.run.launcher") not in ALLOWED["collect"]
+
+
+def test_no_module_is_loose_at_the_root() -> None:
+    root = {p.stem for p in PACKAGE.glob("*.py")}
+    assert root == {"__init__", "__main__", "cli", "testing"} | SHARED
