@@ -86,12 +86,14 @@ def reference(path: Path) -> dict[str, float | None]:
             for e in cpu:
                 totals[str(e["tid"])] = totals.get(str(e["tid"]), 0) + e["dur"]
             main = max(totals, key=totals.get)
+        # DESIGN.md (metric contract): operators (cat cpu_op) on the main thread, communication
+        # ops excepted; annotation spans (user_annotation) are containers, not compute.
         comp = clip_to(
             [
                 (e["ts"], e["ts"] + e["dur"])
                 for e in cpu
                 if str(e["tid"]) == str(main)
-                and not e["name"].startswith("ProfilerStep#")
+                and str(e.get("cat", "")).lower() == "cpu_op"
                 and not e["name"].startswith(COMM_PREFIXES)
             ],
             win,

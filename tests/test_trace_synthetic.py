@@ -143,6 +143,8 @@ def _gloo_trace(tmp: Path, rank: int, comm: list[tuple[float, float]]) -> Path:
         ev("aten::mm", "cpu_op", 20, 30, tid=main),  # nested/overlapping: union [10,50]
         ev("c10d::allreduce_", "cpu_op", 60, 5, tid=main),  # a comm wrapper, not compute
         ev("aten::add", "cpu_op", 150, 10, tid=main),  # outside every step: clipped away
+        # an mgprof.region around backward: a container that covers the all-reduce wait
+        ev("backward", "user_annotation", 40, 50, tid=main),
         ev(
             "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
             "user_annotation",
@@ -172,14 +174,16 @@ def _gloo_trace(tmp: Path, rank: int, comm: list[tuple[float, float]]) -> Path:
 
 
 def test_cpu_gloo_rules(tmp_path: Path) -> None:
-    # W = [0,100] ∪ [200,300] = 200. compute = [10,50] ∪ [200,210] = 50 (add at 150 is outside W).
-    # comm = [40,70] ∪ [250,260] = 40; overlap with compute = [40,50] = 10; busy = 50+40−10 = 80.
+    # W = [0,100] ∪ [200,300] = 200. compute = the cpu_op events on the main thread: [10,50] = 40
+    # (add at 150 is outside W; the DataLoader span and the "backward" region are annotations,
+    # containers, not compute). comm = [40,70] ∪ [250,260] = 40; overlap = [40,50] = 10;
+    # busy = 40+40−10 = 70. Counting the region would have read 100 % overlap, 0 % exposed.
     p = _gloo_trace(tmp_path, 0, [(40, 30), (250, 10)])
     s = analyze_trace_file(p)
     t = s.totals
     assert s.kind == "cpu" and t.window_us == 200
-    assert t.compute_pct == pytest.approx(25.0) and t.comm_pct == pytest.approx(20.0)
-    assert t.busy_pct == pytest.approx(40.0) and t.comm_overlap_pct == pytest.approx(25.0)
+    assert t.compute_pct == pytest.approx(20.0) and t.comm_pct == pytest.approx(20.0)
+    assert t.busy_pct == pytest.approx(35.0) and t.comm_overlap_pct == pytest.approx(25.0)
     assert t.exposed_comm_pct == pytest.approx(15.0)
     assert t.dataloader_pct == pytest.approx(5.0) and t.memcpy_pct is None
     (ar,) = s.collectives

@@ -6,8 +6,9 @@ GPU trace (at least one device event):
   memcpy = |memcpy ∪ memset|; data loader = |enumerate(DataLoader) spans ∩ window|.
 CPU-only trace (no device events):
   window W = ∪ ProfilerStep#N spans (first … last complete CPU event when there are none);
-  compute = |main-thread events other than ProfilerStep#N and comm ops, ∩ W| (clipped to W as
-  well, so that no figure can exceed the window); comm = |gloo:* / nccl:* events ∩ W|;
+  compute = |main-thread operator events (cat cpu_op) other than comm ops, ∩ W| (annotation
+  spans are containers, not compute; clipped to W as well, so that no figure can exceed the
+  window); comm = |gloo:* / nccl:* events ∩ W|;
   busy = |(compute ∪ comm) ∩ W|; overlap = compute + comm − busy (= |compute ∩ comm|).
 Per step, the same rules apply inside each ProfilerStep#N: on a GPU trace a device event belongs
 to the step whose CPU-side launch (runtime call with the same ``correlation``) lies in the span.

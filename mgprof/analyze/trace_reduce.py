@@ -68,7 +68,10 @@ def _step_number(name: str) -> int | None:
 
 # What :meth:`_Reducer.feed` does with an event, decided once per distinct ``cat`` (a device
 # category maps to its KIND_*, 0..3) and, for CPU events, once per distinct name (_N_* bits).
-_CAT_LAUNCH, _CAT_SKIP, _CAT_CPU = 4, 5, 6
+_CAT_LAUNCH, _CAT_SKIP, _CAT_CPU, _CAT_CPU_OTHER, _CAT_NOCAT = 4, 5, 6, 7, 8
+"""``_CAT_CPU``: an operator (``cat`` ``cpu_op``); ``_CAT_CPU_OTHER``: any other host category
+(``user_annotation``, ``python_function``, ...): containers, never compute on CPU traces;
+``_CAT_NOCAT``: an event without ``cat`` (old traces), classified by its name."""
 _N_STEP, _N_DATALOADER, _N_CPU_COMM, _N_FLOP_OP, _N_PARAM_COMMS = 1, 2, 4, 8, 16
 
 
@@ -81,7 +84,9 @@ def _cat_code(raw_cat: str | None) -> int:
         return _CAT_LAUNCH
     if cat in ("trace", "gpu_user_annotation"):
         return _CAT_SKIP
-    return _CAT_CPU
+    if cat == "cpu_op":
+        return _CAT_CPU
+    return _CAT_CPU_OTHER if cat else _CAT_NOCAT
 
 
 def _name_flags(name: str) -> int:
@@ -122,7 +127,9 @@ class _Reducer:
         self.dl_e: list[float] = []
         self.param_comms: list[tuple[str, float, float, CommArgs]] = []
         self.cpu_comm_ops: list[CpuCommOp] = []
-        self.cpu_events: list[tuple[float, float, str, str]] = []  # (start, end, tid, name)
+        self.cpu_events: list[
+            tuple[float, float, str, str, int]
+        ] = []  # (start, end, tid, name, code)
         # GEMM/conv ops: (tid, start, end, flops or None, reason)
         self.flop_ops: list[tuple[str, float, float, float | None, str]] = []
         self.gemm_prec: dict[int, int] = {}  # External id -> PREC_* of GEMM/conv ops
@@ -240,7 +247,7 @@ class _Reducer:
             if not flags:  # the common case: an op with no special meaning
                 if args is not None and args.flops is not None:
                     self._add_flops(args.flops)
-                cpu_events.append((ts, end, tid, name))
+                cpu_events.append((ts, end, tid, name, code))
                 continue
             if flags & _N_STEP:
                 num = _step_number(name)
@@ -253,7 +260,7 @@ class _Reducer:
             if args is None:
                 if flags & _N_CPU_COMM:
                     self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, None))
-                cpu_events.append((ts, end, tid, name))
+                cpu_events.append((ts, end, tid, name, code))
                 continue
             if args.flops is not None:
                 self._add_flops(args.flops)
@@ -271,7 +278,7 @@ class _Reducer:
                     self.param_comms.append((tid, ts, end, ca))
             if flags & _N_CPU_COMM:
                 self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, _input_bytes(args)))
-            cpu_events.append((ts, end, tid, name))
+            cpu_events.append((ts, end, tid, name, code))
         self.complete += complete
         self.skipped += skipped
 
@@ -307,8 +314,8 @@ class _Reducer:
         cpu_window_all = None
         if not self.dev_start and cpu_events:
             # Only CPU-only traces use the main-thread compute events and the whole-trace window.
-            for start, end, tid, name in cpu_events:
-                if tid == main_tid and not _is_comm_name(name):
+            for start, end, tid, name, code in cpu_events:
+                if tid == main_tid and _is_cpu_compute(code, name):
                     main_s.append(start)
                     main_e.append(end)
             cpu_window_all = (min(c[0] for c in cpu_events), max(c[1] for c in cpu_events))
@@ -383,7 +390,31 @@ def _is_comm_name(name: str) -> bool:
     return name.startswith(_CPU_COMM_PREFIXES) or name.startswith(_CPU_COMM_WRAPPERS)
 
 
-def _main_thread(steps: list[Step], cpu_events: list[tuple[float, float, str, str]]) -> str | None:
+# Annotation spans recognisable by name, for traces whose events carry no ``cat``.
+_ANNOTATION_PREFIXES = (
+    "ProfilerStep#",
+    "enumerate(DataLoader)#",
+    "DistributedDataParallel.forward",
+    "Optimizer.step#",
+    "Optimizer.zero_grad#",
+)
+
+
+def _is_cpu_compute(code: int, name: str) -> bool:
+    """DESIGN.md, CPU-only traces: compute is the operators (``cat`` ``cpu_op``) other than
+    communication ops. Annotation spans (``user_annotation``: ProfilerStep#N, mgprof regions,
+    ``DistributedDataParallel.forward``, ...) are containers: counting them hid the main
+    thread's waits for all-reduce. Without ``cat``, every event but the known annotations."""
+    if _is_comm_name(name):
+        return False
+    if code == _CAT_CPU:
+        return True
+    return code == _CAT_NOCAT and not name.startswith(_ANNOTATION_PREFIXES)
+
+
+def _main_thread(
+    steps: list[Step], cpu_events: list[tuple[float, float, str, str, int]]
+) -> str | None:
     """The thread of the ``ProfilerStep#N`` events; without steps, the busiest CPU thread.
 
     "Busiest" = largest summed duration of top-level-or-not complete events; it is a fallback for
@@ -395,6 +426,6 @@ def _main_thread(steps: list[Step], cpu_events: list[tuple[float, float, str, st
             counts[s.tid] = counts.get(s.tid, 0) + 1
         return max(counts, key=lambda t: counts[t])
     totals: dict[str, float] = {}
-    for start, end, tid, _name in cpu_events:
+    for start, end, tid, _name, _code in cpu_events:
         totals[tid] = totals.get(tid, 0.0) + (end - start)
     return max(totals, key=lambda t: totals[t]) if totals else None

@@ -72,8 +72,9 @@ DEFINITIONS: dict[str, dict[str, str]] = {
         "window_us": f"|∪ ProfilerStep#N spans| (whole trace when there are none) ({_CPU})",
         "busy_pct": "100*|compute ∪ comm|/window",
         "idle_pct": "100*(window − busy)/window",
-        "compute_pct": "100*|main-thread complete events except ProfilerStep#N and comm ops "
+        "compute_pct": "100*|main-thread operator events (cat cpu_op) except comm ops "
         "(gloo:*, nccl:*, c10d::*, record_param_comms), clipped to the window|/window; "
+        "annotation spans (user_annotation: steps, regions, record_function) are containers; "
         "main thread = thread of ProfilerStep#N (busiest thread without steps)",
         "comm_pct": "100*|gloo:* and nccl:* complete events on any thread ∩ window|/window",
         "comm_overlap_pct": "100*|compute ∩ comm|/comm",
