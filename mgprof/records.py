@@ -102,6 +102,43 @@ class TrainingFacts(Struct):
     find_unused_parameters: bool | None = None
     autocast_used: bool | None = None
     ddp_bucket_cap_mb: float | None = None
+    ddp_sync_forwards: int | None = None
+    """Forwards of a DistributedDataParallel module with gradient sync on (its backward then
+    all-reduces the gradients): evidence that this rank's gradients were synchronised."""
+    dp_forwards: int | None = None
+    """Forwards of a DataParallel module over two or more devices (gradients summed on device 0)."""
+    script_all_reduces: int | None = None
+    """``torch.distributed.all_reduce`` calls made by the script itself (hand-written gradient
+    averaging, or metrics: mgprof cannot tell which)."""
+    auto_wrap: AutoWrapRecord | None = None
+    """What mgprof's auto-wrap did on this rank (None: auto-wrap was not in play)."""
+    batch_size_read: bool | None = None
+    """True when the script read the launcher's batch size with ``mgprof.batch_size()``."""
+    batch_size_applied: list[str] | None = None
+    """DataLoaders mgprof resized to the trial's size: ``DataLoader(batch_size=32) -> 8``."""
+    batch_size_refused: list[str] | None = None
+    """DataLoaders whose batch size could not be set, and why."""
+    cpu_threads: int | None = None
+    """``torch.get_num_threads()`` on this rank: intra-op threads for CPU operators."""
+    omp_num_threads: str | None = None
+    """``OMP_NUM_THREADS`` as the rank saw it (None: unset)."""
+
+
+class AutoWrapRecord(Struct):
+    """The model mgprof wrapped for a script that did not wrap it itself, or why it did not."""
+
+    wrapper: Literal["ddp", "dp"] | None = None
+    """What the trained module was routed through; None when nothing was wrapped."""
+    module_class: str | None = None
+    parameters: int | None = None
+    """Trainable parameters (elements) of the wrapped module."""
+    bucket_cap_mb: float | None = None
+    devices: list[int] = msgspec.field(default_factory=list)
+    """CUDA indices for DataParallel; empty for DDP on CPU."""
+    initialized_process_group: bool = False
+    """True when mgprof initialised the process group (the script had none)."""
+    reason: str | None = None
+    """Why nothing was wrapped (the script wraps itself, no optimizer, ...)."""
 
 
 class RankRecord(Struct):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
+from mgprof.analyze.grad_sync import grad_sync, strategy_label
 from mgprof.analyze.readers import num as _float_or_none
 from mgprof.analyze.run_results import JobAnalysis, RankAnalysis
 from mgprof.analyze.run_steps import dataloader_totals, steady_state_steps
@@ -13,10 +16,13 @@ from mgprof.records import RunRecord
 
 def job_analysis(run: RunRecord, ranks: Sequence[RankAnalysis]) -> JobAnalysis:
     """The job figures of ``run`` from its records and its ranks' figures."""
+    sync = grad_sync(run)
     job = JobAnalysis(
         strategy=run.strategy,
         world_size=run.world_size,
         ranks_reported=len(run.ranks),
+        strategy_label=strategy_label(run, sync),
+        grad_sync=msgspec.to_builtins(sync),
         missing_ranks=sorted(run.missing_ranks),
     )
     _job_throughput(run, ranks, job)
@@ -29,6 +35,12 @@ def job_analysis(run: RunRecord, ranks: Sequence[RankAnalysis]) -> JobAnalysis:
 
 
 def _job_throughput(run: RunRecord, ranks: Sequence[RankAnalysis], job: JobAnalysis) -> None:
+    if (job.grad_sync or {}).get("status") in ("independent", "partial"):
+        job.not_applicable["samples_per_s"] = (
+            "the ranks did not train one model together (gradients not synchronised): "
+            "their summed throughput is not a job's"
+        )
+        return
     missing = sorted(set(job.missing_ranks))
     if missing or len(ranks) < run.world_size:
         job.not_applicable["samples_per_s"] = (

@@ -164,6 +164,11 @@ class JobAnalysis(_Out):
     strategy: str
     world_size: int
     ranks_reported: int
+    strategy_label: str | None = None
+    """The strategy as it really ran: ``independent replicas (launched as ddp)`` when no rank
+    synchronised gradients, ``ddp (auto-wrapped)`` when mgprof wrapped the model."""
+    grad_sync: dict[str, Any] | None = None
+    """``mgprof.analyze.grad_sync.GradSync``: status, how, ranks and the evidence."""
     missing_ranks: list[int] = msgspec.field(default_factory=list)
     samples_per_s: float | None = None
     energy_j: float | None = None

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from mgprof.analyze.grad_sync import INDEPENDENT_LABEL
 from mgprof.analyze.readers import num as _num
 from mgprof.analyze.run_analysis import steady_state_steps
 from mgprof.errors import RunRecordError
@@ -66,6 +67,9 @@ class Row(msgspec.Struct, kw_only=True):
     ab_comm_pct: float | None = None
     peak_mem_kind: str | None = None
     peak_mem_mib: list[float | None] = msgspec.field(default_factory=list)
+    grad_sync: str | None = None
+    """The run's gradient-sync verdict (``mgprof.analyze.grad_sync``): a row whose ranks
+    trained independent replicas gets no throughput, speedup or efficiency."""
     notes: list[str] = msgspec.field(default_factory=list)
 
 
@@ -248,6 +252,14 @@ def build_row(
     ]
     known = [t for t in times if t is not None]
     row.step_time_ms = max(known) if known else None
+    sync = job.get("grad_sync")
+    if isinstance(sync, Mapping) and isinstance(sync.get("status"), str):
+        row.grad_sync = sync["status"]
+        if sync["status"] in ("independent", "partial"):
+            row.notes.append(
+                f"{INDEPENDENT_LABEL}: {sync.get('detail', '')}; no speedup or efficiency for "
+                "this row (run without --no-auto-wrap, or wrap the model in the script)"
+            )
     row.samples_per_s = _num(job.get("samples_per_s"))
     if row.samples_per_s is None:
         na = job.get("not_applicable")
@@ -255,8 +267,27 @@ def build_row(
         row.notes.append(f"throughput not measured: {why or 'unknown reason'}")
     _comm(row, ranks)
     _ab(row, ab)
+    _trace_vs_ab(row)
     _memory(row, ranks)
     return row
+
+
+TRACE_AB_GAP_PP = 10.0
+"""DESIGN.md's sanity anchor: on a CPU DDP run the trace's exposed-comm share and the no_sync
+A/B's comm share measure the same thing; a larger gap is a defect to explain, not to hide."""
+
+
+def _trace_vs_ab(row: Row) -> None:
+    if row.exposed_comm_pct is None or row.ab_comm_pct is None:
+        return
+    gap = row.exposed_comm_pct - row.ab_comm_pct
+    if abs(gap) > TRACE_AB_GAP_PP:
+        row.notes.append(
+            f"trace exposed comm {row.exposed_comm_pct:.1f}% and the sync A/B's "
+            f"{row.ab_comm_pct:.1f}% differ by {abs(gap):.1f} pp (> {TRACE_AB_GAP_PP:g}): they "
+            "should measure the same cost; the trace sees only its traced steps, the A/B only "
+            "its own; a busy machine widens the gap (see docs/compare.md)"
+        )
 
 
 def add_speedups(rows: Sequence[Row]) -> None:

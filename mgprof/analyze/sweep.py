@@ -19,6 +19,8 @@ from typing import Literal
 
 import msgspec
 
+from mgprof.records import RunRecord
+
 SWEEP_SCHEMA_VERSION = 1
 """Version of ``sweep.json``; bump when a field changes meaning or is removed."""
 
@@ -91,6 +93,12 @@ class Trial(_Struct):
     error: str | None = None
     run_dir: str | None = None
     note: str | None = None
+    observed_batch_size: int | None = None
+    """The per-process batch the ranks' records show (most common over steady-state steps);
+    None when no step recorded one."""
+    batch_applied_by: str | None = None
+    """How the trial's size reached the script: ``mgprof.batch_size()``, a DataLoader mgprof
+    resized, or None when it could not be applied."""
 
 
 class MemoryModel(_Struct):
@@ -514,3 +522,63 @@ def caveats(result: SweepResult, fitted: Sequence[Trial]) -> list[str]:
             "batch varies and gradient accumulation keeps G samples per update."
         )
     return notes
+
+
+BATCH_NOT_APPLIED = "batch size not applied"
+
+
+def batch_evidence(
+    run: RunRecord, requested: int, accumulation_steps: int = 1
+) -> tuple[int | None, str | None, str | None]:
+    """``(observed, applied_by, problem)`` for a trial that asked each process for ``requested``.
+
+    ``observed`` is the most common per-process batch over the ranks' steady-state steps (the
+    DataLoader hook sums the micro-batches of one update, hence ``requested x accumulation``
+    is also right). ``problem`` is None when the trial really trained at the requested size, or
+    one line saying why its figures cannot stand for that size.
+    """
+    from collections import Counter
+
+    from mgprof.analyze.run_steps import steady_state_steps
+
+    usual: list[int] = []
+    for rank in run.ranks:
+        seen = [s.batch_size for s in steady_state_steps(rank.steps) if s.batch_size]
+        if seen:
+            usual.append(Counter(seen).most_common(1)[0][0])
+    observed = Counter(usual).most_common(1)[0][0] if usual else None
+    facts = [r.training for r in run.ranks]
+    read = any(f.batch_size_read for f in facts)
+    applied = [a for f in facts for a in (f.batch_size_applied or [])]
+    refused = [a for f in facts for a in (f.batch_size_refused or [])]
+    how = "mgprof.batch_size()" if read else (applied[0] if applied else None)
+    if observed is not None:
+        if observed in (requested, requested * accumulation_steps):
+            return observed, how, None
+        hint = (
+            refused[0]
+            if refused
+            else "the script sizes its batches itself (no DataLoader batch_size mgprof could "
+            "set, no mgprof.batch_size())"
+        )
+        return (
+            observed,
+            how,
+            (
+                f"{BATCH_NOT_APPLIED}: asked for {requested} per process, the ranks trained on "
+                f"{observed}; {hint}"
+            ),
+        )
+    if read or applied:
+        return None, how, None
+    if not run.ranks:
+        return None, None, None  # nothing ran: the run's own error says why
+    why = (
+        refused[0]
+        if refused
+        else (
+            "the script neither calls mgprof.batch_size() nor builds a DataLoader, and its steps "
+            "record no batch to check"
+        )
+    )
+    return None, None, f"{BATCH_NOT_APPLIED}: {why}"

@@ -20,7 +20,12 @@ def profile(**kwargs: Any) -> Session:
     Call ``prof.step(batch=...)`` once per iteration (or use ``with prof.step(batch):``).
     Options: ``out`` (parent folder of run directories), ``name``, ``skip``/``warmup``/``active``
     (the trace schedule, in steps), ``trace``, ``sample``, ``sample_interval_s``,
-    ``record_shapes``, ``profile_memory``, ``with_flops``, ``with_stack``, ``strategy``.
+    ``record_shapes``, ``profile_memory``, ``with_flops``, ``with_stack``, ``strategy``,
+    ``quiet``.
+
+    At the end, rank 0 writes the run directory with report.md and report.html and prints a few
+    summary lines to stderr (``quiet=True`` or ``MGPROF_QUIET=1`` silences them; under
+    ``mgprof analyze`` the launcher reports instead).
     """
     return Session(**kwargs)
 
@@ -36,6 +41,7 @@ def profile_step(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
 
     The session opens on the first call and closes when the process exits. The batch size
     comes from the first tensor among the arguments (or ``batch_arg="name"`` picks one).
+    Takes the options of :func:`profile` (``@mgprof.profile_step(quiet=True)``, ...).
     """
     batch_arg = kwargs.pop("batch_arg", None)
 

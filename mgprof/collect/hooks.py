@@ -14,10 +14,12 @@ from __future__ import annotations
 import datetime
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+from torch.nn import DataParallel
 from torch.utils.data import DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -48,9 +50,10 @@ def set_before_destroy(callback: Callable[[], None] | None) -> None:
 
 def training_facts() -> TrainingFacts:
     """What the hooks observed so far in this process."""
-    return TrainingFacts(
-        **{k: v for k, v in _facts.items() if k in TrainingFacts.__struct_fields__}
-    )
+    facts = {k: v for k, v in _facts.items() if k in TrainingFacts.__struct_fields__}
+    facts["cpu_threads"] = torch.get_num_threads()
+    facts["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    return TrainingFacts(**facts)
 
 
 def _timed_next(self: Any) -> Any:
@@ -97,8 +100,67 @@ def _ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         _facts["find_unused_parameters"] = bool(getattr(self, "find_unused_parameters", False))
         cap = kwargs.get("bucket_cap_mb")
         _facts["ddp_bucket_cap_mb"] = float(cap) if cap is not None else 25.0
+        watch_wrapper(self)
     except Exception:
         pass
+
+
+def _dp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    _originals["dp_init"](self, *args, **kwargs)
+    try:
+        watch_wrapper(self)
+    except Exception:
+        pass
+
+
+_watched: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def watch_wrapper(module: Any) -> None:
+    """Count the forwards of a DDP or DataParallel module that synchronise gradients.
+
+    A DDP forward with grad enabled and sync on (not inside ``no_sync``) arms the reducer, so
+    the backward that follows all-reduces the gradients; a DataParallel forward over two or more
+    devices sums the replicas' gradients on device 0. These counts are the rank's evidence that
+    its gradients were really synchronised, whoever built the wrapper.
+    """
+    if module in _watched:
+        return
+    _watched.add(module)
+    module.register_forward_pre_hook(_count_forward)
+
+
+def _count_forward(module: Any, args: Any) -> None:
+    try:
+        if not torch.is_grad_enabled():
+            return
+        if hasattr(module, "require_backward_grad_sync"):  # DistributedDataParallel
+            if module.require_backward_grad_sync:
+                _facts["ddp_sync_forwards"] = _facts.get("ddp_sync_forwards", 0) + 1
+        elif len(getattr(module, "device_ids", []) or []) > 1:  # DataParallel over 2+ devices
+            _facts["dp_forwards"] = _facts.get("dp_forwards", 0) + 1
+    except Exception:
+        pass
+
+
+def _watch_existing() -> None:
+    """Wrappers built before the hooks were installed (a script's own session starts after it
+    wrapped its model): found once, by a walk over the live objects."""
+    import gc
+
+    from torch.nn import DataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    for obj in gc.get_objects():
+        if issubclass(type(obj), (DistributedDataParallel, DataParallel)):  # no __class__ lookups
+            watch_wrapper(obj)
+
+
+def _all_reduce(*args: Any, **kwargs: Any) -> Any:
+    """``all_reduce`` called by the script itself (hand-written gradient averaging, or a metric):
+    counted, since it is the only evidence of synchronisation a script without DDP leaves."""
+    _facts["script_all_reduces"] = _facts.get("script_all_reduces", 0) + 1
+    return _originals["all_reduce"](*args, **kwargs)
 
 
 def _destroy_process_group(*args: Any, **kwargs: Any) -> Any:
@@ -123,6 +185,10 @@ def collective_timeout() -> datetime.timedelta | None:
 
 def _init_process_group(*args: Any, **kwargs: Any) -> Any:
     """``init_process_group`` with the launcher's timeout unless the script chose one."""
+    from mgprof.collect.autowrap import process_group_by_mgprof
+
+    if process_group_by_mgprof() and torch.distributed.is_initialized():
+        return None  # auto-wrap made the group from the same torchrun environment: reuse it
     if "timeout" not in kwargs and len(args) < 3:  # (backend, init_method, timeout, ...)
         timeout = collective_timeout()
         if timeout is not None:
@@ -151,6 +217,11 @@ def install(session: Observer | None) -> None:
     """Patch the hooks in (once per process) and route timings to ``session`` (None: facts only)."""
     global _owner
     _owner = session
+    if session is not None:
+        try:
+            _watch_existing()
+        except Exception:
+            pass
     if _originals:
         return
     from torch.nn.parallel import DistributedDataParallel
@@ -159,15 +230,19 @@ def install(session: Observer | None) -> None:
     _originals["set_epoch"] = DistributedSampler.set_epoch
     _originals["autocast_enter"] = torch.autocast.__enter__
     _originals["ddp_init"] = DistributedDataParallel.__init__
+    _originals["dp_init"] = DataParallel.__init__
     if torch.distributed.is_available():
         _originals["destroy"] = torch.distributed.destroy_process_group
         torch.distributed.destroy_process_group = _destroy_process_group
         _originals["init"] = torch.distributed.init_process_group
         torch.distributed.init_process_group = _init_process_group
+        _originals["all_reduce"] = torch.distributed.all_reduce
+        torch.distributed.all_reduce = _all_reduce
     _BaseDataLoaderIter.__next__ = _timed_next  # type: ignore[method-assign]
     DistributedSampler.set_epoch = _set_epoch  # type: ignore[method-assign]
     torch.autocast.__enter__ = _autocast_enter  # type: ignore[method-assign]
     DistributedDataParallel.__init__ = _ddp_init  # type: ignore[method-assign]
+    DataParallel.__init__ = _dp_init  # type: ignore[method-assign]
 
 
 def uninstall(session: Observer) -> None:
@@ -184,7 +259,10 @@ def uninstall(session: Observer) -> None:
     DistributedSampler.set_epoch = _originals.pop("set_epoch")  # type: ignore[method-assign]
     torch.autocast.__enter__ = _originals.pop("autocast_enter")  # type: ignore[method-assign]
     DistributedDataParallel.__init__ = _originals.pop("ddp_init")  # type: ignore[method-assign]
+    DataParallel.__init__ = _originals.pop("dp_init")  # type: ignore[method-assign]
     if "destroy" in _originals:
         torch.distributed.destroy_process_group = _originals.pop("destroy")
     if "init" in _originals:
         torch.distributed.init_process_group = _originals.pop("init")
+    if "all_reduce" in _originals:
+        torch.distributed.all_reduce = _originals.pop("all_reduce")

@@ -4,6 +4,11 @@ One ``Session`` per process times steps and regions, runs torch.profiler on a sc
 sampler thread, and at the end sends its ``RankRecord`` (and trace files) to rank 0, which writes
 the run directory. Every part fails open: an error inside mgprof becomes one warning and a note
 in the record, and the training goes on.
+
+With no launcher around (``python train.py``, ``torchrun train.py``), rank 0 also writes the
+report files (``mgprof.report.files``, run in a fresh process) and prints a few summary lines to
+stderr, unless ``quiet=True`` or ``MGPROF_QUIET=1``. Under ``mgprof analyze`` the launcher does
+both.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ driver call, and the step path should cost one event record, not five driver cal
 
 FINGERPRINT_STEPS = 8
 """Only the first steps are fingerprinted: enough to see identical data across ranks."""
+
+QUIET_ENV = "MGPROF_QUIET"
+"""Set to 1 (or true/yes/on) to silence the end-of-session summary; the files are still written."""
 
 _lock = threading.Lock()
 _active: Session | None = None
@@ -151,6 +159,7 @@ class Session:
         strategy: str | None = None,
         auto: bool = False,
         on_step: Callable[[int], None] | None = None,
+        quiet: bool = False,
     ) -> None:
         self.trace_config = TraceConfig(
             skip=skip,
@@ -170,6 +179,7 @@ class Session:
         self.strategy = strategy
         self.auto = auto
         self.on_step = on_step
+        self.quiet = quiet
         self.failopen = FailOpen()
         self.run_dir: Path | None = None
         self.record: RankRecord | None = None
@@ -465,7 +475,8 @@ class Session:
     # -- the end ---------------------------------------------------------------------------
 
     def stop(self, error: str | None = None) -> RunRecord | None:
-        """Finish: collect the record, send it to rank 0, write the run directory there.
+        """Finish: collect the record, send it to rank 0, write the run directory there (and,
+        with no launcher around, the report files and a summary on stderr).
 
         Returns the ``RunRecord`` on the rank that wrote it, else None. Never raises.
         """
@@ -500,12 +511,45 @@ class Session:
                 hooks.uninstall(self)
             self.record = self._build_record(sampler_record, error)
             run = self._deliver(self.record)
+            if run is not None:
+                run = self._report(run)
         except Exception as exc:  # the last line of defence: never break the training
             self.failopen.report("finalise", exc)
         finally:
             with _lock:
                 if _active is self:
                     _active = None
+        return run
+
+    def _report(self, run: RunRecord) -> RunRecord:
+        """Rank 0 wrote the run directory itself (no ``mgprof analyze`` launcher, which analyses
+        and reports on its own): analyse it, write report.md and report.html (in a fresh
+        process), print a summary unless quiet.
+
+        Fails open like the rest: an error here is one warning; run.json stays as written.
+        """
+        if os.environ.get(rundir.RUN_DIR_ENV) or self.run_dir is None:
+            return run
+        if (self._info or rank_info()).rank != 0:
+            return run
+        if not (self.run_dir / rundir.RUN_JSON).exists():
+            return run  # the writer failed (already one warning): nothing to report on
+        analysis = None
+        written: list[str] = []
+        with self.failopen.guard("report"):
+            written = _write_report_files(self.run_dir, run)
+            from mgprof.records import read_run
+
+            run = read_run(self.run_dir)  # as saved: with its analysis
+            analysis = run.analysis
+        if self.quiet or _quiet_env():
+            return run
+        with self.failopen.guard("summary"):
+            from mgprof.report.summary_lines import summary_lines
+
+            lines = summary_lines(run, analysis, self.run_dir, written)
+            sys.stderr.write("".join(f"{line}\n" for line in lines))
+            sys.stderr.flush()
         return run
 
     def _build_record(self, sampler: SamplerRecord, error: str | None) -> RankRecord:
@@ -650,6 +694,47 @@ class Session:
 
             shutil.rmtree(self._trace_tmp, ignore_errors=True)
             self._trace_tmp = None
+
+
+def _report_command(run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "mgprof.report.files", str(run_dir)]
+
+
+def _write_report_files(run_dir: Path, run: RunRecord) -> list[str]:
+    """Analysis into run.json, report.md and report.html, written by ``mgprof.report.files`` in a
+    fresh Python process (why: that module's docstring); the names of the report files written.
+
+    In the unusual interpreter with no ``sys.executable`` (embedded), it runs in this process.
+    """
+    if not sys.executable:
+        from mgprof.report.files import write_report_files
+
+        return [p.name for p in write_report_files(run_dir, run).written]
+    import subprocess
+
+    env = dict(os.environ)
+    # appended, not prepended: an mgprof source tree only put on sys.path is found too
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), root) if p)
+    proc = subprocess.run(
+        _report_command(run_dir.resolve()),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        check=False,
+    )
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        raise RuntimeError(
+            "report files not written: " + (lines[-1] if lines else f"exit code {proc.returncode}")
+        )
+    return [line for line in proc.stdout.splitlines() if line]
+
+
+def _quiet_env() -> bool:
+    return os.environ.get(QUIET_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def _guess_strategy(info: RankInfo) -> str:

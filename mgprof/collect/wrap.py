@@ -138,18 +138,23 @@ def wrap(
             ddp = DistributedDataParallel(model.to(dev), device_ids=ids, **ddp_kwargs)
         else:
             ddp = DistributedDataParallel(model, **ddp_kwargs)
-        if _nosync_requested():
-            try:
-                ddp.register_comm_hook(None, _switchable_allreduce)
-                _switchable.append(weakref.ref(ddp))
-            except Exception as exc:  # fail open: no A/B, the training runs as usual
-                warnings.warn(
-                    f"mgprof.wrap: sync A/B disabled: {type(exc).__name__}: {exc}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+        enable_sync_ab(ddp)
         return ddp
     return model.to(device())
+
+
+def enable_sync_ab(ddp: nn.Module) -> None:
+    """Give a DDP model mgprof made (``wrap`` or auto-wrap) the switchable all-reduce that
+    ``mgprof compare``'s no-sync A/B turns off; nothing unless compare asked for the A/B."""
+    if not _nosync_requested():
+        return
+    try:
+        ddp.register_comm_hook(None, _switchable_allreduce)  # type: ignore[operator]
+        _switchable.append(weakref.ref(ddp))
+    except Exception as exc:  # fail open: no A/B, the training runs as usual
+        warnings.warn(
+            f"mgprof: sync A/B disabled: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3
+        )
 
 
 def _nosync_requested() -> bool:
@@ -212,4 +217,9 @@ def seed_everything(seed: int, per_rank: bool = True) -> int:
 
 def batch_size(default: int) -> int:
     """The batch size for this run: the launcher's trial value (``mgprof sweep``) or ``default``."""
-    return positive_int_env(BATCH_SIZE_ENV, default)
+    value = positive_int_env(BATCH_SIZE_ENV, default)
+    if os.environ.get(BATCH_SIZE_ENV):
+        from mgprof.collect import hooks
+
+        hooks.note_fact("batch_size_read", True)
+    return value

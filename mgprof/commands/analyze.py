@@ -31,6 +31,13 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default="mgprof-runs", help="parent folder of run directories")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument(
+        "--no-auto-wrap",
+        dest="auto_wrap",
+        action="store_false",
+        help="under dp/ddp, do not wrap a model the script leaves unwrapped (its ranks then "
+        "train independent copies, and the report says so)",
+    )
     multi = p.add_argument_group("multi-node (passed to torchrun)")
     multi.add_argument("--nnodes", type=int, default=1)
     multi.add_argument("--node-rank", type=int, default=0)
@@ -87,6 +94,7 @@ def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_backend=args.rdzv_backend,
         collective_timeout_s=getattr(args, "collective_timeout", 600.0),
+        auto_wrap=getattr(args, "auto_wrap", True),
     )
 
 

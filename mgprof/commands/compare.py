@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         nosync_steps=args.nosync_steps,
         trace_steps=args.active,
         on_progress=progress,
+        auto_wrap=args.auto_wrap,
     )
     where = Path(args.out) / comp.comparison_id
     if args.format == "json":

@@ -114,6 +114,7 @@ def sweep_config(args: argparse.Namespace) -> Any:
         memory_budget_mib=args.memory_budget_mib,
         global_batch=args.global_batch,
         until_oom=args.until_oom,
+        auto_wrap=args.auto_wrap,
         out=Path(args.out),
         quiet=args.quiet,
     )

@@ -21,6 +21,7 @@ from mgprof.analyze.readers import num as _num
 from mgprof.analyze.readers import rank_dicts as _ranks
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
+from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run_sections import Section, Table, build_sections, definitions
 
 __all__ = ["HtmlDependencyMissing", "chart_figures", "run_to_html"]
@@ -391,6 +392,22 @@ def _section_html(section: Section, charts: Mapping[str, Any], extra: str = "") 
     return "".join(out)
 
 
+def _failure_html(summary: FailureSummary) -> str:
+    """The failure summary: facts, the end of the failing rank's traceback, steps per rank."""
+    sec = summary.section
+    out = [f'<section id="{_anchor(sec.title)}" class="failure"><h2>{_esc(sec.title)}</h2>']
+    out.append('<table class="facts"><tbody>')
+    out.extend(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in sec.facts)
+    out.append("</tbody></table>")
+    if summary.traceback:
+        out.append(f'<p class="note">{_esc(summary.traceback_title)}:</p>')
+        out.append(f"<pre>{_esc(chr(10).join(summary.traceback))}</pre>")
+    out.extend(_table_html(t) for t in sec.tables)
+    out.extend(f'<p class="note">{_esc(n)}</p>' for n in sec.notes)
+    out.append("</section>")
+    return "".join(out)
+
+
 def _findings_html(analysis: Mapping[str, Any]) -> str:
     """Every finding with all its keys (the shared section keeps only the short form)."""
     items = []
@@ -495,6 +512,8 @@ td.na{color:#888}
 .finding dt{font-weight:600;float:left;clear:left;width:6.5rem}
 .finding dd{margin-left:7rem;white-space:pre-wrap}
 #mgprof-errors{color:#c62828;white-space:pre-wrap}
+.failure h2{color:#c62828}
+.failure pre{background:#f6f6f6;padding:.6rem;overflow-x:auto;font-size:.85rem}
 """
 
 # Renders every chart from the JSON block; a failure is shown on the page (not only in the
@@ -533,10 +552,15 @@ def run_to_html(run: RunRecord, analysis: Mapping[str, Any]) -> str:
     Raises :class:`HtmlDependencyMissing` (a UsageError naming the pip command) without plotly.
     """
     plotly_js = _plotly_js()
-    charts = chart_figures(run, analysis)
-    sections = build_sections(run, analysis)
+    summary = failure_summary(run, analysis)
+    brief = summary is not None and not summary.full_report
+    charts = {} if brief else chart_figures(run, analysis)
+    if summary is None:
+        sections = build_sections(run, analysis)
+    else:  # Setup, then the rest only when enough steps were measured
+        sections = sections_after(summary, run, analysis)
     title = run.run_id or run.script or "run"
-    body: list[str] = []
+    body: list[str] = [] if summary is None else [_failure_html(summary)]
     for section in sections:
         if section.title == "Findings":
             body.append(_comparison_section(analysis, charts))
@@ -547,12 +571,14 @@ def run_to_html(run: RunRecord, analysis: Mapping[str, Any]) -> str:
             body.append(_section_html(section, charts, full))
         else:
             body.append(_section_html(section, charts))
-    defs = definitions(analysis)
+    defs = [] if brief else definitions(analysis)
     if defs:
         items = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in defs)
         body.append(f'<section id="sec-definitions"><h2>Definitions</h2><dl>{items}</dl></section>')
     n_findings = len([f for f in _list(analysis.get("findings")) if isinstance(f, dict)])
-    nav_titles = [s.title for s in sections]
+    nav_titles = ([summary.section.title] if summary is not None else []) + [
+        s.title for s in sections
+    ]
     nav = "".join(
         f'<a href="#{_anchor(t)}">{_esc(t)}'
         + (f" ({n_findings})" if t == "Findings" else "")

@@ -6,10 +6,12 @@ HTML where Markdown is rendered (GitHub, MkDocs), so every cell is escaped.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from mgprof.records import RunRecord
+from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run_sections import Section, Table, build_sections, definitions
 
 _ESCAPES = {
@@ -73,12 +75,46 @@ def _section(section: Section) -> list[str]:
     return lines
 
 
+def _code_block(lines: list[str]) -> list[str]:
+    """A fenced block shown verbatim: its fence is longer than any backtick run inside."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}text", *lines, fence]
+
+
+def _failure(summary: FailureSummary) -> list[str]:
+    sec = summary.section
+    lines = [f"## {escape_md(sec.title)}", ""]
+    lines += ["| | |", "|---|---|"]
+    lines += [f"| {escape_md(k)} | {escape_md(v)} |" for k, v in sec.facts]
+    lines.append("")
+    if summary.traceback:
+        lines += [f"{escape_md(summary.traceback_title)}:", "", *_code_block(summary.traceback), ""]
+    for table in sec.tables:
+        lines += [*_table(table), ""]
+    for note in sec.notes:
+        lines += [escape_md(note), ""]
+    return lines
+
+
 def run_to_markdown(run: RunRecord, analysis: Mapping[str, Any]) -> str:
-    """The run report as one Markdown document (same sections as the terminal report)."""
+    """The run report as one Markdown document (same sections as the terminal report).
+
+    A failed run's report opens with the failure summary, then Setup; the other sections
+    follow only when enough steps were recorded to give figures (``failure_summary``).
+    """
     title = escape_md(run.run_id or run.script or "run")
     lines = [f"# mgprof report: {title}", ""]
-    for section in build_sections(run, analysis):
+    summary = failure_summary(run, analysis)
+    if summary is None:
+        sections = build_sections(run, analysis)
+    else:
+        lines += _failure(summary)
+        sections = sections_after(summary, run, analysis)
+    for section in sections:
         lines += _section(section)
+    if summary is not None and not summary.full_report:
+        return "\n".join(lines)
     defs = definitions(analysis)
     if defs:
         lines += ["## Definitions", ""]

@@ -118,16 +118,23 @@ def _setup(run: RunRecord, analysis: Mapping[str, Any]) -> Section:
     reported = len(run.ranks)
     world = f"{run.world_size}" + (f" ({reported} reported)" if reported != run.world_size else "")
     status = run.status + (f" (exit code {run.exit_code})" if run.exit_code is not None else "")
+    job = _job(analysis)
+    label = job.get("strategy_label")
     sec.facts = [
         ("run", run.run_id or "-"),
         ("created (UTC)", run.created_utc or "-"),
         ("script", " ".join([run.script or "-", *run.script_args])),
-        ("strategy", run.strategy),
+        ("strategy", label if isinstance(label, str) else run.strategy),
         ("world size", world),
         ("nodes", str(run.nnodes)),
         ("backend", run.backend or "-"),
         ("status", status),
     ]
+    samplers = bool(run.ranks) and all(r.training.distributed_sampler for r in run.ranks)
+    sec.facts.extend(_sync_facts(job, samplers))
+    threads = _threads(run)
+    if threads:
+        sec.facts.append(("CPU threads", threads))
     if run.missing_ranks:
         sec.facts.append(("missing ranks", ", ".join(str(r) for r in sorted(run.missing_ranks))))
     if run.error:
@@ -150,7 +157,6 @@ def _setup(run: RunRecord, analysis: Mapping[str, Any]) -> Section:
             sec.notes.append(f"rank {rec.rank} error: {rec.error}")
         sec.notes.extend(f"rank {rec.rank} warning: {w}" for w in rec.warnings)
     sec.tables.append(table)
-    job = _job(analysis)
     if run.cpu_fallback:
         notice = job.get("cpu_fallback_notice")
         sec.notice = (
@@ -162,6 +168,57 @@ def _setup(run: RunRecord, analysis: Mapping[str, Any]) -> Section:
     if isinstance(warnings, list):
         sec.notes.extend(f"analysis warning: {w}" for w in warnings if isinstance(w, str))
     return sec
+
+
+def _sync_facts(job: Mapping[str, Any], samplers: bool = False) -> list[tuple[str, str]]:
+    """Gradient sync and auto-wrap lines: what the multi-rank figures below rest on."""
+    sync = _dict(job.get("grad_sync"))
+    status = sync.get("status")
+    if not isinstance(status, str) or status == "not applicable":
+        return []
+    facts = [("gradient sync", f"{status}: {sync.get('detail', '')}".rstrip(": "))]
+    wrap = _dict(sync.get("auto_wrap"))
+    if wrap.get("wrapper"):
+        what = f"{wrap.get('module_class', '?')} ({_count(wrap.get('parameters'))} parameters)"
+        how = "DistributedDataParallel" if wrap["wrapper"] == "ddp" else "DataParallel"
+        extra = []
+        if wrap.get("bucket_cap_mb") is not None:
+            extra.append(f"bucket_cap_mb {wrap['bucket_cap_mb']:g}")
+        if wrap.get("devices"):
+            extra.append("devices " + ",".join(str(d) for d in wrap["devices"]))
+        if wrap.get("initialized_process_group"):
+            extra.append("process group initialised by mgprof")
+        tail = f"; {', '.join(extra)}" if extra else ""
+        facts.append(("auto-wrap", f"{what} under {how}{tail} (--no-auto-wrap turns it off)"))
+        if wrap["wrapper"] == "ddp" and not samplers:
+            facts.append(
+                (
+                    "data",
+                    "no DistributedSampler: every rank reads the whole dataset (right for "
+                    "measuring speed, wrong for training; shard it with DistributedSampler)",
+                )
+            )
+    elif wrap.get("reason"):
+        facts.append(("auto-wrap", f"nothing wrapped: {wrap['reason']}"))
+    return facts
+
+
+def _count(value: Any) -> str:
+    num = _num(value)
+    return f"{num:,.0f}" if num is not None else "?"
+
+
+def _threads(run: RunRecord) -> str | None:
+    """``1 per rank (OMP_NUM_THREADS=1)``: step times on CPU depend on it, so say it."""
+    seen = {(r.training.cpu_threads, r.training.omp_num_threads) for r in run.ranks}
+    seen.discard((None, None))
+    if not seen:
+        return None
+    parts = []
+    for threads, omp in sorted(seen, key=str):
+        env = f"OMP_NUM_THREADS={omp}" if omp is not None else "OMP_NUM_THREADS unset"
+        parts.append(f"{threads if threads is not None else '?'} per rank ({env})")
+    return "; ".join(parts)
 
 
 def _step_time(analysis: Mapping[str, Any]) -> Section:

@@ -16,13 +16,51 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from mgprof.records import RunRecord
-from mgprof.report.run_sections import Section, build_sections, definitions
+from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
+from mgprof.report.run_sections import Section, Table, build_sections, definitions
 
 _SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
 def _cell(text: str) -> Text:
     return Text(text, style="dim" if text.startswith("n/a") else "")
+
+
+def _facts(facts: list[tuple[str, str]], console: Console) -> None:
+    grid = RichTable.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for key, value in facts:
+        grid.add_row(Text(key), _cell(value))
+    console.print(grid)
+
+
+def _table(table: Table, console: Console) -> None:
+    out = RichTable(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, col in enumerate(table.columns):
+        out.add_column(
+            Text(col), justify="left" if i < table.numeric_from else "right", overflow="fold"
+        )
+    for row in table.rows:
+        out.add_row(*(_cell(c) for c in row))
+    console.print(out)
+
+
+def _render_failure(summary: FailureSummary, console: Console) -> None:
+    """The failure summary: the error and first failing rank, the end of its traceback, steps
+    recorded per rank, then notes (short: the report of a failed run starts, or is, this)."""
+    sec = summary.section
+    console.rule(Text(sec.title, style="bold red"), align="left")
+    _facts(sec.facts, console)
+    if summary.traceback:
+        console.print(Text(summary.traceback_title + ":", style="bold"))
+        for line in summary.traceback:
+            console.print(Text("  " + line, style="dim" if line.startswith(" ") else ""))
+    for table in sec.tables:
+        _table(table, console)
+    for note in sec.notes:
+        console.print(Text(note, style="italic"))
+    console.print()
 
 
 def _render_section(section: Section, console: Console) -> None:
@@ -37,21 +75,9 @@ def _render_section(section: Section, console: Console) -> None:
             )
         )
     if section.facts:
-        facts = RichTable.grid(padding=(0, 2))
-        facts.add_column(style="bold")
-        facts.add_column()
-        for key, value in section.facts:
-            facts.add_row(Text(key), _cell(value))
-        console.print(facts)
+        _facts(section.facts, console)
     for table in section.tables:
-        out = RichTable(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for i, col in enumerate(table.columns):
-            out.add_column(
-                Text(col), justify="left" if i < table.numeric_from else "right", overflow="fold"
-            )
-        for row in table.rows:
-            out.add_row(*(_cell(c) for c in row))
-        console.print(out)
+        _table(table, console)
     for finding in section.findings:
         severity = finding.get("severity", "")
         head = Text.assemble(
@@ -76,9 +102,21 @@ def _render_section(section: Section, console: Console) -> None:
 
 def render_run(run: RunRecord, analysis: Mapping[str, Any], console: Console) -> None:
     """Print the run report: Setup, step time, utilisation, energy, communication, memory,
-    data loading, slowest rank, top kernels (with traces), findings, then the definitions."""
-    for section in build_sections(run, analysis):
+    data loading, slowest rank, top kernels (with traces), findings, then the definitions.
+
+    A failed run's report opens with the failure summary (``failure_summary``), then Setup;
+    the other sections follow only when enough steps were recorded to give figures.
+    """
+    summary = failure_summary(run, analysis)
+    if summary is None:
+        sections = build_sections(run, analysis)
+    else:
+        _render_failure(summary, console)
+        sections = sections_after(summary, run, analysis)
+    for section in sections:
         _render_section(section, console)
+    if summary is not None and not summary.full_report:
+        return
     defs = definitions(analysis)
     if defs:
         console.rule(Text("Definitions", style="bold"), align="left")

@@ -58,6 +58,8 @@ class AutoInstrument:
         strategy stopped after the same number of steps)."""
         self.ab = ab
         """The ``NoSyncAB`` to run after the measured steps, or None."""
+        self.autowrap: Any = None
+        """The ``AutoWrap`` watching for the trained model under dp/ddp, or None."""
         self.session: Any = None
         self.clock_optimizer: int | None = None
         self.updates = 0
@@ -100,6 +102,8 @@ class AutoInstrument:
         elif key != self.clock_optimizer:
             return
         self.updates += 1
+        if self.updates == 1 and self.autowrap is not None:
+            self.autowrap.on_first_update()
         if self.ab is not None and self.ab.active:
             if self.ab.on_update():
                 raise StepLimitReached(0)
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         print("usage: python -m mgprof.run.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
         return 2
+    _start_rank_log()
     script = Path(args[0])
     auto = AutoInstrument(
         warmup=_env_int(WARMUP_ENV) or 0,
@@ -178,6 +183,16 @@ def main(argv: list[str] | None = None) -> int:
         auto.install()
     except Exception as exc:  # fail open: the script runs uninstrumented
         print(f"mgprof: instrumentation disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
+    try:
+        auto.autowrap = _install_autowrap()
+    except Exception as exc:  # fail open: the script runs as it is, and the report says so
+        print(f"mgprof: auto-wrap disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
+    try:
+        from mgprof.collect import loader_batch
+
+        loader_batch.install()
+    except Exception as exc:  # fail open: the trial's observed batch shows what happened
+        print(f"mgprof: batch size override disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
     signal.signal(signal.SIGTERM, _sigterm)
     budget = _env_int(MEMORY_BUDGET_ENV)
     if budget is not None:
@@ -208,9 +223,53 @@ def main(argv: list[str] | None = None) -> int:
         auto.finish(error=text.strip().splitlines()[-1] + "\n" + text)
         _finish_explicit(text)
         traceback.print_exc()
+        _flush_rank_log()
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     auto.finish()
     return 0
+
+
+def _start_rank_log() -> None:
+    """Tee this rank's output into ``<run>/logs/rank<N>.log`` (``mgprof.run.ranklog``)."""
+    try:
+        from mgprof.run import ranklog
+
+        ranklog.start()
+    except Exception as exc:  # fail open: the output still reaches the terminal
+        print(f"mgprof: per-rank log disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _flush_rank_log() -> None:
+    """The traceback just printed into the rank's log now, before the process ends."""
+    try:
+        from mgprof.run import ranklog
+
+        ranklog.flush()
+    except Exception:  # fail open
+        pass
+
+
+def _install_autowrap() -> Any:
+    """Under dp/ddp, watch for the trained model so a script that does not wrap it still
+    synchronises its gradients (``mgprof.collect.autowrap``); None for single or when off."""
+    from mgprof.collect.autowrap import AutoWrap, enabled
+
+    strategy = os.environ.get("MGPROF_STRATEGY")
+    if strategy not in ("ddp", "dp"):
+        return None
+    from mgprof.collect import hooks
+
+    if not enabled():
+        hooks.note_fact("auto_wrap", None)
+        return None
+    import torch
+
+    if strategy == "ddp" and torch.cuda.is_available():
+        # a script that says torch.device("cuda") then lands on this rank's own device
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    autowrap = AutoWrap(strategy, note=hooks.note_fact)
+    autowrap.install()
+    return autowrap
 
 
 def _nosync_ab() -> Any:

@@ -24,17 +24,27 @@ from mgprof import rundir
 from mgprof.collect.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
 from mgprof.records import RankExit, RunRecord, read_run
+from mgprof.report.failure_summary import (
+    NO_STEP,
+    TRACEBACK_HEAD,
+    exception_text,
+    first_failure,
+)
 from mgprof.run.failures import (
     collective_of,
+    describe_exit,
     describe_exits,
     is_torchrun_line,
     last_meaningful,
     parse_torchrun_failures,
     signal_name,
 )
+from mgprof.run.ranklog import LOGS_DIR
 
 STRATEGIES = ("single", "dp", "ddp")
 STDERR_TAIL_LINES = 40
+AUTO_WRAP_ENV = "MGPROF_AUTO_WRAP"
+"""Mirrors ``mgprof.collect.autowrap.AUTO_WRAP_ENV`` (the launcher does not import torch)."""
 COLLECTIVE_TIMEOUT_ENV = "MGPROF_COLLECTIVE_TIMEOUT_S"
 """Seconds a collective may wait for its peers before the process group raises (workers'
 ``init_process_group`` timeout), so a rank stuck in a collective ends the run instead of hanging."""
@@ -61,6 +71,8 @@ class LaunchConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     run_name: str | None = None
     collective_timeout_s: float | None = DEFAULT_COLLECTIVE_TIMEOUT_S
+    auto_wrap: bool = True
+    """Under dp/ddp, wrap the trained model when the script does not (``--no-auto-wrap``)."""
 
     def __post_init__(self) -> None:
         if not self.script.exists():
@@ -193,10 +205,61 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
         env["MGPROF_STEPS"] = str(config.steps)
     if config.collective_timeout_s is not None:
         env[COLLECTIVE_TIMEOUT_ENV] = f"{config.collective_timeout_s:g}"
-    if not p.cuda:
-        env.setdefault("OMP_NUM_THREADS", "1")  # N CPU ranks share the cores: no oversubscription
+    if not config.auto_wrap:
+        env[AUTO_WRAP_ENV] = "0"
+    if p.strategy != "ddp":
+        # One process, but torchrun-style scripts call init_process_group() from the
+        # environment: give them torchrun's variables for a world of one.
+        for key, value in single_rank_env().items():
+            env.setdefault(key, value)
+    # OMP_NUM_THREADS is the user's, or torchrun's rule (1 per rank when nproc > 1 and unset)
     env.update(config.extra_env)
     return env
+
+
+def single_rank_env() -> dict[str, str]:
+    """torchrun's environment for one process: rank 0 of 1 on a free local port."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def threads_per_rank(p: Plan, env: dict[str, str]) -> int:
+    """CPU threads each rank's operators will use: OMP_NUM_THREADS if set, else torchrun's
+    rule (1 when it starts several processes), else torch's default (the cores)."""
+    try:
+        return max(1, int(env["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        pass
+    if p.strategy == "ddp" and p.nproc_per_node > 1:
+        return 1
+    return os.cpu_count() or 1
+
+
+def oversubscription_warning(p: Plan, env: dict[str, str]) -> str | None:
+    """A line when ranks x threads exceed this machine's cores (CPU runs only: the step times
+    would measure contention, not the training)."""
+    if p.cuda:
+        return None
+    threads = threads_per_rank(p, env)
+    cores = os.cpu_count() or 1
+    if p.nproc_per_node * threads <= cores:
+        return None
+    return (
+        f"mgprof: warning: {p.nproc_per_node} rank(s) x {threads} CPU thread(s) exceed the "
+        f"{cores} core(s) here; step times include contention (set OMP_NUM_THREADS lower)"
+    )
 
 
 @dataclass
@@ -264,6 +327,9 @@ def launch(config: LaunchConfig, on_progress: ProgressCallback | None = None) ->
         ) from None
     cmd = worker_command(config, p)
     env = worker_env(config, p, run_dir)
+    crowded = oversubscription_warning(p, env)
+    if crowded:
+        print(crowded, file=sys.stderr)
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
@@ -333,18 +399,23 @@ def finalize(
     satellite = initial.nnodes > 1 and not any(r.rank == 0 for r in run.ranks)
     rank_errors = [_rank_error(r.rank, r.error) for r in run.ranks if r.error]
     exits = parse_torchrun_failures(torchrun_lines or [], single_node=initial.nnodes == 1)
+    # exit code 0 and no rank reported: the script never reached an optimizer step (it resumed
+    # from a finished checkpoint, had no data...); no failure, and no "missing ranks" either
+    nothing = code == 0 and not interrupted and not satellite and not run.ranks
     error = None
     if interrupted:
         error = "interrupted (Ctrl-C)"
     elif code != 0:
-        error = _failure(code, exits, stderr_tail, rank_errors)
+        errors = {r.rank: r.error for r in run.ranks if r.error}
+        error = _failure(code, exits, stderr_tail, errors, run_dir, initial.world_size)
     elif rank_errors:
         error = rank_errors[0]
+    elif nothing:
+        error = f"{NO_STEP} (exit code 0)"
+        run = msgspec.structs.replace(run, missing_ranks=[])
     if run.missing_ranks and not satellite and not interrupted:
         missing = f"no record from rank(s) {', '.join(map(str, run.missing_ranks))}"
         error = missing if error is None else f"{error}; {missing}"
-    if not run.ranks and error is None and not satellite:
-        error = "the script made no optimizer step and opened no mgprof session: nothing measured"
     status = "complete" if error is None else "incomplete"
     run = msgspec.structs.replace(
         run,
@@ -373,29 +444,106 @@ def finalize(
 
 
 def _rank_error(rank: int, error: str) -> str:
-    """``rank 0: RuntimeError: ... Timed out ... (in all_reduce)``: the first line, and the
-    collective the traceback failed in, since gloo's and NCCL's messages rarely name it."""
-    text = f"rank {rank}: {error.splitlines()[0]}"
+    """``rank 0: RuntimeError: ... Timed out ... (in all_reduce)``: the exception (or the first
+    line), and the collective the traceback failed in, since gloo's and NCCL's messages rarely
+    name it."""
+    return f"rank {rank}: {_exception(error)}"
+
+
+def _exception(error: str) -> str:
+    """``ValueError: bad batch (in all_reduce)`` from a rank's error text (its first line when
+    it holds no traceback), with the collective it failed in, if any."""
+    text = (exception_text(error) or error.strip().splitlines()[0]) if error.strip() else "?"
     collective = collective_of(error)
     return f"{text} (in {collective})" if collective else text
 
 
+LOG_TAIL_BYTES = 64 * 1024
+"""How much of the end of a rank's log is searched for its traceback."""
+
+
+def _log_exception(log: Path) -> str | None:
+    """The exception a rank's log ends with (a rank that failed before recording anything)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    start = text.rfind(TRACEBACK_HEAD)
+    if start < 0 or exception_text(text[start:]) is None:
+        return None
+    return _exception(text[start:])  # the last traceback only: its collective, its exception
+
+
+def _rank_said(
+    rank: int, exit_code: int, errors: dict[int, str], run_dir: Path
+) -> tuple[str | None, Path | None]:
+    """What one rank died of (from its record, else from its log) and its log, if there."""
+    log = run_dir / LOGS_DIR / f"rank{rank}.log"
+    try:
+        log_there = log.is_file()
+    except OSError:
+        log_there = False
+    said = errors.get(rank)
+    if said and exception_text(said):
+        return _exception(said), log if log_there else None
+    # no traceback recorded: the log's last one, unless a signal ended the rank (a traceback in
+    # its log would then be an older, handled one)
+    if log_there and 0 < exit_code < 128:
+        found = _log_exception(log)
+        if found:
+            return found, log
+    return None, log if log_there else None
+
+
 def _failure(
-    code: int, exits: list[RankExit], stderr_tail: list[str], rank_errors: list[str]
+    code: int,
+    exits: list[RankExit],
+    stderr_tail: list[str],
+    errors: dict[int, str],
+    run_dir: Path,
+    world_size: int = 1,
 ) -> str:
-    """One line on a failed launch: who died of what first, then what the ranks said."""
+    """One line on a failed launch: which rank failed first, of what, and where its log is::
+
+        script exited with code 1: rank 1 failed first: ValueError: bad batch shape
+        (log: runs/.../logs/rank1.log); then rank 0 exited with code 143 (SIGTERM)
+
+    The first rank is torchrun's root cause unless that rank died of a peer's failure
+    (``first_failure``); its exception comes from its record, else from its log.
+    """
     if code < 0:
         head = f"script was killed by {signal_name(code) or f'signal {-code}'} (exit code {code})"
     else:
         head = f"script exited with code {code}"
-    if exits:
+    rank_lines = [f"rank {r}: {_exception(e)}" for r, e in sorted(errors.items())]
+    timeouts = [e for e in rank_lines if "timed out" in e.lower() or "timeout" in e.lower()]
+    hint = " (a rank stopped answering; raise --collective-timeout if it was only slow)"
+    first = first_failure(exits, errors) if exits else None
+    if first is not None and first.rank is not None:
+        said, log = _rank_said(first.rank, first.exit_code, errors, run_dir)
+        detail = f"rank {first.rank} failed first: {said}" if said else describe_exit(first)
+        if log is not None:
+            detail += f" (log: {log})"
+        rest = [describe_exit(e) for e in exits if e is not first]
+        if rest:
+            detail += f"; then {', '.join(rest)}"
+        if not said:
+            others = timeouts or [e for e in rank_lines if "(in " in e]
+            if others:
+                detail += f"; {others[0]}"
+        return f"{head}: {detail}{hint if timeouts else ''}"
+    if exits:  # multi-node: torchrun named local ranks only
         detail = describe_exits(exits)
-        timeouts = [e for e in rank_errors if "timed out" in e.lower() or "timeout" in e.lower()]
-        said = timeouts or [e for e in rank_errors if "(in " in e]
+        said_list = timeouts or [e for e in rank_lines if "(in " in e]
+        if said_list:
+            detail += f"; {said_list[0]}"
+        return f"{head}: {detail}{hint if timeouts else ''}"
+    if world_size == 1:  # one process: rank 0 is the script
+        said, log = _rank_said(0, code, errors, run_dir)
         if said:
-            detail += f"; {said[0]}"
-        if timeouts:
-            detail += " (a rank stopped answering; raise --collective-timeout if it was only slow)"
-        return f"{head}: {detail}"
+            return f"{head}: {said}" + (f" (log: {log})" if log is not None else "")
     last = last_meaningful(stderr_tail)
     return f"{head}: {last}" if last else head

@@ -118,6 +118,7 @@ def compare(
     nosync_steps: int = DEFAULT_NOSYNC_STEPS,
     trace_steps: int = 3,
     on_progress: Callable[[str, dict[int, int]], None] | None = None,
+    auto_wrap: bool = True,
 ) -> Comparison:
     """Run ``script`` under each strategy and return the comparison, also saved as
     ``<out>/<comparison_id>/comparison.json`` beside the strategies' run directories.
@@ -178,6 +179,7 @@ def compare(
             script_args=script_args,
             nosync_steps=nosync_steps,
             on_progress=on_progress,
+            auto_wrap=auto_wrap,
         )
         comp.rows.append(row)
         comp.runs[strategy] = row.run
@@ -218,6 +220,7 @@ def _run_one(
     script_args: Sequence[str],
     nosync_steps: int,
     on_progress: Callable[[str, dict[int, int]], None] | None,
+    auto_wrap: bool = True,
 ) -> Row:
     """Launch one strategy into the comparison directory, analyse it, make its row."""
     from mgprof.collect.nosync import read_result
@@ -240,6 +243,7 @@ def _run_one(
         out=comp_dir,
         extra_env=env,
         run_name=f"{strategy}-{script.stem}",
+        auto_wrap=auto_wrap,
     )
     callback = None
     if on_progress is not None:

@@ -28,12 +28,14 @@ import msgspec
 
 from mgprof import rundir
 from mgprof.analyze.sweep import (
+    BATCH_NOT_APPLIED,
     DEFAULT_MARGIN,
     DEFAULT_RESOLUTION,
     RankTrial,
     SweepPlanner,
     SweepResult,
     Trial,
+    batch_evidence,
     check_sweep_args,
     is_oom_error,
     summarize,
@@ -77,6 +79,7 @@ class SweepConfig:
     until_oom: bool = False
     out: Path = Path(rundir.DEFAULT_ROOT)
     quiet: bool = True
+    auto_wrap: bool = True
 
     def __post_init__(self) -> None:
         try:
@@ -126,6 +129,7 @@ def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> Swe
         warmup=config.warmup,
         active=config.active,
         out=config.out,
+        auto_wrap=config.auto_wrap,
     )
     p = plan(base)
     if p.cuda and config.memory_budget_mib is not None:
@@ -186,6 +190,11 @@ def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> Swe
         write_sweep(sweep_dir, result)
         if on_trial is not None:
             on_trial(trial)
+        if len(planner.trials) == 1 and (trial.error or "").startswith(BATCH_NOT_APPLIED):
+            # the next sizes would not apply either: stop before spending their trials
+            raise UsageError(
+                f"cannot sweep {config.script.name}: {trial.error} (trial kept in {sweep_dir})"
+            )
     result = _result(header, planner, capacity_source)
     write_sweep(sweep_dir, result)
     return result
@@ -326,8 +335,10 @@ def trial_from_run(
 ) -> Trial:
     """A trial's figures from its run record and analysis.
 
-    Throughput is computed from the trial's known batch, not from recorded batch sizes (a script
-    without a DataLoader records none): per device ``batch * accumulation / mean step time``.
+    Throughput is ``batch * accumulation / mean step time`` per device, and only for a trial
+    whose batch was really applied: the size the ranks' steps recorded must equal the request
+    (or, with nothing recorded, the script read it through ``mgprof.batch_size()``); otherwise
+    the trial fails with the reason (``batch_evidence``).
     """
     by_rank = {a.get("rank"): a for a in analysis.get("ranks", []) if isinstance(a, dict)}
     ranks: list[RankTrial] = []
@@ -361,7 +372,15 @@ def trial_from_run(
         error=_first_line(oom_text or (errors[0] if errors else None)),
         run_dir=run_dir,
     )
-    if status != "ok":
+    observed, applied_by, problem = batch_evidence(run, batch, accumulation_steps)
+    trial.observed_batch_size = observed
+    trial.batch_applied_by = applied_by
+    if status == "ok" and problem is not None:
+        trial.status = "failed"
+        trial.error = problem
+        for rt in trial.ranks:
+            rt.samples_per_s = None  # a rate of a batch that never ran is no figure
+    if trial.status != "ok":
         return trial
     steps = [r.step_time_ms for r in ranks if r.step_time_ms is not None]
     rates = [r.samples_per_s for r in ranks if r.samples_per_s is not None]

@@ -123,7 +123,7 @@ def identical_batches(run: RunRecord, figures: Mapping[str, Any]) -> Finding | N
         severity="high",
         title="All ranks train on the same batches",
         evidence=evidence,
-        cause=cause + "; the gradients are then averaged over copies of one batch.",
+        cause=cause + _consequence(job),
         change=(
             "`DataLoader(dataset, batch_size=..., sampler=DistributedSampler(dataset))` "
             "(and no `shuffle=True`); seed per-rank randomness with `seed + rank`"
@@ -159,3 +159,12 @@ def set_epoch_missing(run: RunRecord, figures: Mapping[str, Any]) -> Finding | N
         change="call `sampler.set_epoch(epoch)` at the start of each epoch, before iterating",
         figures={"ranks": missing},
     )
+
+
+def _consequence(job: Mapping[str, Any]) -> str:
+    """What identical batches cost depends on whether the ranks synchronised at all."""
+    sync = job.get("grad_sync")
+    status = sync.get("status") if isinstance(sync, Mapping) else None
+    if status == "independent":
+        return "; the ranks also never synchronised, so each trained its own copy on the same data."
+    return "; the gradients are then averaged over copies of one batch."

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Every check that needs a real GPU, in one go, for a session that has the GPU machine.
+#
+#   mkdir -p .gpu && cp ../shared/gpu/capture_fixtures.py .gpu/ && echo /.gpu/ >> .git/info/exclude
+#   then, on the device: bash benchmarks/gpu_checks.sh "$OUT"     (carry: [".gpu"], ~8 minutes)
+#
+# Writes each check's output to $OUT/<name>.txt and a one-line verdict per check to
+# $OUT/summary.txt; one failing check does not stop the others. What each proves:
+#   overhead      per-step cost of mgprof.profile on a CUDA step (target < 1 %)
+#   sampler       NVML sampler CPU cost per second
+#   autowrap      auto-wrap's per-call route cost against an explicit DDP on CUDA (NCCL, world 1)
+#   analyze       a CUDA `mgprof analyze` of an unmodified plain script, auto-wrapped under DDP
+#   analyze-dp    the DataParallel tutorial under --strategy dp (auto-wrap leaves its own DP
+#                 alone when the machine has 2+ GPUs; with one GPU it must say DP does not apply)
+#   compare       single vs DP vs DDP rows on CUDA, with the DP row
+#   sweep         a DataLoader script swept without mgprof.batch_size(): observed == requested
+#   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-${OUT:-gpu-out}}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+
+if ! python3 -c "import mgprof" 2>/dev/null; then
+  python3 -m pip install --quiet --no-deps -e . >"$OUT/install.txt" 2>&1 \
+    || python3 -m pip install --quiet --no-deps --no-build-isolation -e . >>"$OUT/install.txt" 2>&1
+fi
+python3 -c "import msgspec" 2>/dev/null || echo "msgspec missing: carry its wheel" >>"$SUMMARY"
+
+check() {  # check NAME TIMEOUT_S COMMAND...
+  local name="$1" limit="$2"
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
+  local rc=$?
+  echo "$name: exit $rc in $((SECONDS - start)) s" >>"$SUMMARY"
+}
+
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+echo "gpus visible: $GPUS" >>"$SUMMARY"
+
+check overhead 120 python3 benchmarks/bench_overhead.py --device cuda --rounds 5 --steps 30
+check sampler 60 python3 benchmarks/bench_sampler.py --seconds 3
+check autowrap 120 python3 benchmarks/bench_autowrap.py --device cuda --rounds 7 --steps 40
+check analyze 180 python3 -m mgprof analyze tests/scripts/plain_loop.py --gpus "$GPUS" \
+  --out "$OUT/runs" --quiet --format json
+check analyze-dp 180 python3 -m mgprof analyze tests/scripts/dp_tutorial.py --gpus "$GPUS" \
+  --strategy dp --out "$OUT/runs" --quiet
+check compare 300 python3 -m mgprof compare tests/scripts/dp_tutorial.py --gpus "$GPUS" \
+  --steps 6 --out "$OUT/runs" --quiet
+check sweep 240 python3 -m mgprof sweep tests/scripts/cnn_loader.py --gpus 1 \
+  --batch-sizes 16,64 --steps 3 --out "$OUT/runs" --quiet --format json
+if [ -f .gpu/capture_fixtures.py ]; then
+  check fixtures 300 python3 .gpu/capture_fixtures.py "$OUT/fixtures"
+else
+  echo "fixtures: skipped (copy ../shared/gpu/capture_fixtures.py to .gpu/ and carry it)" >>"$SUMMARY"
+fi
+# keep what comes back small: traces of the runs are the bulk
+find "$OUT/runs" -name '*.pt.trace.json.gz' -size +2M -delete 2>/dev/null || true
+cat "$SUMMARY"
