@@ -48,6 +48,23 @@ def clip_to(spans: list[tuple[float, float]], window: list[tuple[float, float]])
     return out
 
 
+def minus(spans: list[tuple[float, float]], cut: list[tuple[float, float]]):
+    """``∪spans \\ ∪cut``, one cut interval at a time."""
+    out = union(spans)
+    for cs, ce in union(cut):
+        nxt = []
+        for s, e in out:
+            if ce <= s or cs >= e:
+                nxt.append((s, e))
+                continue
+            if s < cs:
+                nxt.append((s, cs))
+            if ce < e:
+                nxt.append((ce, e))
+        out = nxt
+    return out
+
+
 def reference(path: Path) -> dict[str, float | None]:
     with gzip.open(path) if path.suffix == ".gz" else open(path, "rb") as fh:
         events = json.load(fh)["traceEvents"]
@@ -87,17 +104,18 @@ def reference(path: Path) -> dict[str, float | None]:
                 totals[str(e["tid"])] = totals.get(str(e["tid"]), 0) + e["dur"]
             main = max(totals, key=totals.get)
         # DESIGN.md (metric contract): operators (cat cpu_op) on the main thread, communication
-        # ops excepted; annotation spans (user_annotation) are containers, not compute.
-        comp = clip_to(
-            [
-                (e["ts"], e["ts"] + e["dur"])
-                for e in cpu
-                if str(e["tid"]) == str(main)
-                and str(e.get("cat", "")).lower() == "cpu_op"
-                and not e["name"].startswith(COMM_PREFIXES)
-            ],
-            win,
-        )
+        # ops excepted; annotation spans (user_annotation) are containers, not compute; a comm
+        # op nested in an operator (c10d::allreduce_ inside AccumulateGrad) is cut out of it.
+        on_main = [e for e in cpu if str(e["tid"]) == str(main)]
+        ops = [
+            (e["ts"], e["ts"] + e["dur"])
+            for e in on_main
+            if str(e.get("cat", "")).lower() == "cpu_op" and not e["name"].startswith(COMM_PREFIXES)
+        ]
+        waits = [
+            (e["ts"], e["ts"] + e["dur"]) for e in on_main if e["name"].startswith(COMM_PREFIXES)
+        ]
+        comp = clip_to(minus(ops, waits), win)
         comm = clip_to(
             [
                 (e["ts"], e["ts"] + e["dur"])

@@ -269,3 +269,21 @@ def test_bad_input_is_one_line_trace_error(tmp_path: Path, content: bytes, needl
         analyze_trace_file(p)
     msg = str(info.value)
     assert "\n" not in msg and str(p) in msg and needle in msg
+
+
+def test_cpu_comm_op_nested_in_an_operator_is_not_compute(tmp_path: Path) -> None:
+    """DDP's reducer launches c10d::allreduce_ from inside autograd's AccumulateGrad: the main
+    thread then waits in an operator span. The wait is cut out of compute, so the gloo
+    transfer behind it reads as exposed (it read as overlapped, 32 % vs the A/B's 47 %)."""
+    main, worker = 1, 2
+    events = [
+        ev("ProfilerStep#1", "user_annotation", 0, 300, tid=main),
+        ev("aten::mm", "cpu_op", 10, 40, tid=main),  # compute [10,50]
+        ev("autograd::engine::evaluate_function: AccumulateGrad", "cpu_op", 100, 100, tid=main),
+        ev("c10d::allreduce_", "cpu_op", 120, 70, tid=main),  # the wait: [120,190]
+        ev("gloo:all_reduce", "cpu_op", 125, 60, tid=worker),  # comm [125,185]
+    ]
+    t = analyze_trace_file(write(tmp_path, "rank0.pt.trace.json", events)).totals
+    # compute = [10,50] + [100,120] + [190,200] = 70; comm = 60, none of it under compute
+    assert t.compute_us == pytest.approx(70.0) and t.comm_us == pytest.approx(60.0)
+    assert t.overlap_us == pytest.approx(0.0) and t.exposed_comm_us == pytest.approx(60.0)

@@ -3,6 +3,8 @@
 GPU trace (at least one device event):
   window = first device event start … last device event end; busy = |all device events|;
   compute = |compute kernels|; comm = |communication kernels|; overlap = |compute ∩ comm|;
+  host-side gloo collectives (DDP over gloo on a CUDA job) count as communication and as busy
+  time, and extend the window;
   memcpy = |memcpy ∪ memset|; data loader = |enumerate(DataLoader) spans ∩ window|.
 CPU-only trace (no device events):
   window W = ∪ ProfilerStep#N spans (first … last complete CPU event when there are none);
@@ -30,7 +32,14 @@ from mgprof.analyze.trace_load import (
     RankTrace,
 )
 
-__all__ = ["Breakdown", "cpu_breakdown", "cpu_window", "device_step_index", "gpu_breakdown"]
+__all__ = [
+    "Breakdown",
+    "cpu_breakdown",
+    "cpu_window",
+    "device_step_index",
+    "gpu_breakdown",
+    "host_collectives",
+]
 
 
 @dataclass(frozen=True)
@@ -60,16 +69,41 @@ def _sel(rt: RankTrace, mask: np.ndarray) -> tuple[FloatArray, FloatArray]:
     return rt.dev_start[mask], rt.dev_end[mask]
 
 
-def gpu_breakdown(rt: RankTrace, rows: np.ndarray | None = None) -> Breakdown | None:
-    """DESIGN.md GPU rules over all device events, or over the boolean selection ``rows``."""
+def host_collectives(rt: RankTrace) -> tuple[FloatArray, FloatArray]:
+    """The ``gloo:*`` CPU events of a trace that also has device events.
+
+    DDP over gloo on a CUDA job (or ``cpu:gloo,cuda:nccl``) moves gradients on the host: these
+    events are that job's communication, and a GPU trace that ignored them read comm 0. The
+    ``nccl:*`` CPU ops are not included: they launch the NCCL kernels, which are counted.
+    """
+    ops = [op for op in rt.cpu_comm_ops if op.name.startswith("gloo:")]
+    return iv.as_array([op.start for op in ops]), iv.as_array([op.end for op in ops])
+
+
+def gpu_breakdown(
+    rt: RankTrace,
+    rows: np.ndarray | None = None,
+    host_span: tuple[float, float] | None = None,
+) -> Breakdown | None:
+    """DESIGN.md GPU rules over all device events, or over the boolean selection ``rows``.
+
+    Host-side gloo collectives (:func:`host_collectives`) count as communication and extend
+    the window (the device events alone would start after, or end before, them); for a step,
+    only the part inside ``host_span`` (its CPU span) counts.
+    """
     sel = np.ones(rt.dev_start.size, dtype=bool) if rows is None else rows
-    if not sel.any():
+    gloo = host_collectives(rt)
+    if host_span is not None and gloo[0].size:
+        gloo = iv.clip(*gloo, *host_span)
+    if not sel.any() and not gloo[0].size:
         return None
     kind = rt.dev_kind
-    start, end = rt.dev_start[sel], rt.dev_end[sel]
+    start = np.concatenate((rt.dev_start[sel], gloo[0]))
+    end = np.concatenate((rt.dev_end[sel], gloo[1]))
     lo, hi = float(start.min()), float(end.max())
     compute = _sel(rt, sel & (kind == KIND_COMPUTE))
-    comm = _sel(rt, sel & (kind == KIND_COMM))
+    kernels = _sel(rt, sel & (kind == KIND_COMM))
+    comm = (np.concatenate((kernels[0], gloo[0])), np.concatenate((kernels[1], gloo[1])))
     memory = _sel(rt, sel & ((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)))
     dl: float | None = None
     if rt.dataloader[0].size:

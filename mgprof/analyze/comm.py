@@ -33,6 +33,7 @@ import msgspec
 import numpy as np
 
 from mgprof.analyze import intervals as iv
+from mgprof.analyze.intervals import FloatArray
 from mgprof.analyze.trace_load import KIND_COMM, KIND_COMPUTE, CommArgs, RankTrace, dtype_bytes
 
 __all__ = [
@@ -220,13 +221,19 @@ def gpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
     return calls
 
 
-def cpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
-    """Every ``gloo:*`` / ``nccl:*`` CPU event as a call, exposure against main-thread compute."""
-    if not rt.cpu_comm_ops:
+def cpu_collective_calls(
+    rt: RankTrace,
+    cover: tuple[FloatArray, FloatArray] | None = None,
+    gloo_only: bool = False,
+) -> list[CollectiveCall]:
+    """Every ``gloo:*`` / ``nccl:*`` CPU event as a call, exposure against main-thread compute
+    (or ``cover``: the compute kernels, for gloo collectives in a trace with device events)."""
+    ops = [op for op in rt.cpu_comm_ops if not gloo_only or op.name.startswith("gloo:")]
+    if not ops:
         return []
-    starts = iv.as_array([op.start for op in rt.cpu_comm_ops])
-    ends = iv.as_array([op.end for op in rt.cpu_comm_ops])
-    covered = iv.covered_within(starts, ends, rt.main_thread)
+    starts = iv.as_array([op.start for op in ops])
+    ends = iv.as_array([op.end for op in ops])
+    covered = iv.covered_within(starts, ends, rt.main_thread if cover is None else cover)
     # A gloo op names no process group; n is known only when every group has the same size.
     n = _group_size(rt, None)
     return [
@@ -240,19 +247,54 @@ def cpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
             pg=None,
             seq=None,
         )
-        for k, op in enumerate(rt.cpu_comm_ops)
+        for k, op in enumerate(ops)
     ]
 
 
-def summarize_collectives(calls: Sequence[CollectiveCall]) -> list[CollectiveStats]:
-    """Per-type totals and bandwidths, largest total time first."""
+def type_unions(
+    calls: Sequence[CollectiveCall],
+    base_us: float,
+    window: tuple[FloatArray, FloatArray],
+    cover: tuple[FloatArray, FloatArray],
+) -> dict[str, tuple[float, float]]:
+    """Per collective type: ``(total_us, exposed_us)`` as interval unions inside ``window``.
+
+    Calls of one type can overlap (gloo runs collectives on several threads; NCCL on several
+    streams), so summing durations counted shared time twice and could exceed the window (the
+    TensorBoard plugin also takes the union per type). ``exposed`` = the union minus its part
+    covered by ``cover`` (compute). Times of ``window``/``cover`` are relative to ``base_us``.
+    """
+    by_type: dict[str, list[CollectiveCall]] = {}
+    for c in calls:
+        by_type.setdefault(c.type, []).append(c)
+    out: dict[str, tuple[float, float]] = {}
+    for kind, group in by_type.items():
+        starts = iv.as_array([c.start_us - base_us for c in group])
+        ends = starts + iv.as_array([c.dur_us for c in group])
+        inside = iv.intersect((starts, ends), window)
+        total = iv.union_length(*inside)
+        out[kind] = (total, max(0.0, total - iv.intersection_length(inside, cover)))
+    return out
+
+
+def summarize_collectives(
+    calls: Sequence[CollectiveCall], unions: dict[str, tuple[float, float]] | None = None
+) -> list[CollectiveStats]:
+    """Per-type totals and bandwidths, largest total time first.
+
+    With ``unions`` (from :func:`type_unions`) a type's total and exposed time are interval
+    unions inside the window; without, sums over its calls.
+    """
     by_type: dict[str, list[CollectiveCall]] = {}
     for c in calls:
         by_type.setdefault(c.type, []).append(c)
     out = []
     for kind, group in by_type.items():
-        total = sum(c.dur_us for c in group)
-        exposed = sum(c.exposed_us for c in group)
+        if unions is not None and kind in unions:
+            total, exposed = unions[kind]
+        else:
+            total = sum(c.dur_us for c in group)
+            exposed = sum(c.exposed_us for c in group)
         sizes = {c.group_size for c in group}
         n = sizes.pop() if len(sizes) == 1 else None
         nbytes: int | None = None

@@ -105,6 +105,20 @@ def intersect(
     return merge(s[keep], e[keep])
 
 
+def subtract(
+    a: tuple[FloatArray, FloatArray], b: tuple[FloatArray, FloatArray]
+) -> tuple[FloatArray, FloatArray]:
+    """The intervals of ``∪a \\ ∪b`` (merged, sorted)."""
+    a_s, a_e = merge(*a)
+    b_s, b_e = merge(*b)
+    if a_s.size == 0 or b_s.size == 0:
+        return a_s, a_e
+    lo = min(float(a_s[0]), float(b_s[0]))
+    hi = max(float(a_e[-1]), float(b_e[-1]))
+    gaps = (np.concatenate(([lo], b_e)), np.concatenate((b_s, [hi])))
+    return intersect((a_s, a_e), gaps)
+
+
 def covered_within(
     starts: FloatArray, ends: FloatArray, cover: tuple[FloatArray, FloatArray]
 ) -> FloatArray:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mgprof.analyze import intervals as iv
 from mgprof.analyze.flop_estimate import (
     _FLOP_OPS,
     FLOPS_ESTIMATED,
@@ -314,10 +315,28 @@ class _Reducer:
         cpu_window_all = None
         if not self.dev_start and cpu_events:
             # Only CPU-only traces use the main-thread compute events and the whole-trace window.
+            comm_s: list[float] = []
+            comm_e: list[float] = []
             for start, end, tid, name, code in cpu_events:
-                if tid == main_tid and _is_cpu_compute(code, name):
+                if tid != main_tid:
+                    continue
+                if _is_cpu_compute(code, name):
                     main_s.append(start)
                     main_e.append(end)
+                elif _is_comm_name(name):
+                    comm_s.append(start)
+                    comm_e.append(end)
+            if comm_s:
+                # A comm op nested in an operator span (c10d::allreduce_ inside autograd's
+                # AccumulateGrad, where DDP's reducer launches it) is still the main thread
+                # waiting on communication: it is cut out of the compute intervals.
+                main_s, main_e = (
+                    list(x)
+                    for x in iv.subtract(
+                        (iv.as_array(main_s), iv.as_array(main_e)),
+                        (iv.as_array(comm_s), iv.as_array(comm_e)),
+                    )
+                )
             cpu_window_all = (min(c[0] for c in cpu_events), max(c[1] for c in cpu_events))
         if steps and not self.dev_start:
             lo = min(s.start for s in steps)

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 
 from mgprof.analyze import breakdown as bd
+from mgprof.analyze import intervals as iv
 from mgprof.analyze.comm import (
     CollectiveCall,
     CollectiveStats,
@@ -26,9 +27,10 @@ from mgprof.analyze.comm import (
     cross_rank,
     gpu_collective_calls,
     summarize_collectives,
+    type_unions,
 )
 from mgprof.analyze.kernels import FlopFacts, KernelStat, TensorCoreFacts, flop_facts, top_kernels
-from mgprof.analyze.trace_load import RankTrace, load_trace
+from mgprof.analyze.trace_load import KIND_COMPUTE, RankTrace, load_trace
 from mgprof.errors import TraceError
 
 __all__ = [
@@ -52,11 +54,14 @@ _FLOPS_DEF = (
 _CPU = "DESIGN.md CPU-only rule"
 DEFINITIONS: dict[str, dict[str, str]] = {
     "gpu": {
-        "window_us": f"first device event start … last device event end ({_GPU})",
-        "busy_pct": f"100*|all device events|/window ({_GPU}; HTA get_temporal_breakdown)",
+        "window_us": f"first device event start … last device event end, extended over host "
+        f"gloo:* collectives when present ({_GPU})",
+        "busy_pct": f"100*|all device events ∪ host gloo:* collectives|/window ({_GPU}; HTA "
+        "get_temporal_breakdown without gloo)",
         "idle_pct": "100*(window − busy)/window (HTA idle_time_pctg)",
         "compute_pct": "100*|compute kernels (kernels not matching nccl|rccl)|/window",
-        "comm_pct": "100*|communication kernels (name matches nccl|rccl)|/window",
+        "comm_pct": "100*|communication kernels (name matches nccl|rccl) ∪ host gloo:* "
+        "collectives|/window",
         "comm_overlap_pct": "100*|compute ∩ comm|/comm (HTA get_comm_comp_overlap)",
         "exposed_comm_pct": "100*(comm − |compute ∩ comm|)/window",
         "memcpy_pct": "100*|memcpy ∪ memset device events|/window",
@@ -223,7 +228,7 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
         step_na: dict[str, str] = {}
         if step_of is not None:
             rows = step_of == k
-            b = bd.gpu_breakdown(rt, rows)
+            b = bd.gpu_breakdown(rt, rows, host_span=(step.start, step.end))
             n = int(rows.sum())
         else:
             b = bd.cpu_breakdown(rt, (np.asarray([step.start]), np.asarray([step.end])))
@@ -239,13 +244,22 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
     kind = "gpu" if rt.has_device_events else "cpu"
     if kind == "gpu":
         b = bd.gpu_breakdown(rt)
-        calls = gpu_collective_calls(rt)
+        compute = rt.dev_kind == KIND_COMPUTE
+        cover = (rt.dev_start[compute], rt.dev_end[compute])
+        calls = gpu_collective_calls(rt) + cpu_collective_calls(rt, cover=cover, gloo_only=True)
+        window = (
+            (iv.as_array([b.window_start_us]), iv.as_array([b.window_end_us]))
+            if b is not None
+            else cover
+        )
     else:
-        b = bd.cpu_breakdown(rt, bd.cpu_window(rt))
+        window = bd.cpu_window(rt)
+        b = bd.cpu_breakdown(rt, window)
         calls = cpu_collective_calls(rt)
+        cover = rt.main_thread
     totals = _totals(b, na)
     steps = _steps(rt, na)
-    collectives = summarize_collectives(calls)
+    collectives = summarize_collectives(calls, type_unions(calls, rt.time_base_us, window, cover))
     if not collectives:
         na["collectives"] = (
             "no communication kernels (nccl/rccl) in the trace"
