@@ -117,15 +117,24 @@ def reference(path: Path) -> dict[str, float | None]:
         ]
         comp = clip_to(minus(ops, waits), win)
         comm = clip_to(
-            [
-                (e["ts"], e["ts"] + e["dur"])
-                for e in cpu
-                if e["name"].startswith(("gloo:", "nccl:"))
-            ],
+            [(e["ts"], e["ts"] + e["dur"]) for e in cpu if e["name"].startswith("gloo:")],
             win,
         )
         window = length(win)
         busy = length(comp + comm)
+        if not comm and any(e["name"].startswith("nccl:") for e in cpu):
+            # nccl:* CPU ops without device events are launches, not transfers: the
+            # communication time (and with it busy, idle, overlap) is unknown, not zero
+            pct = lambda x: 100.0 * x / window  # noqa: E731
+            return {
+                "window_us": window,
+                "busy_pct": None,
+                "idle_pct": None,
+                "compute_pct": pct(length(comp)),
+                "comm_pct": None,
+                "comm_overlap_pct": None,
+                "exposed_comm_pct": None,
+            }
     c, m = length(comp), length(comm)
     overlap = c + m - length(comp + comm)
     pct = lambda x: 100.0 * x / window  # noqa: E731

@@ -10,7 +10,7 @@ CPU-only trace (no device events):
   window W = ∪ ProfilerStep#N spans (first … last complete CPU event when there are none);
   compute = |main-thread operator events (cat cpu_op) other than comm ops, ∩ W| (annotation
   spans are containers, not compute; clipped to W as well, so that no figure can exceed the
-  window); comm = |gloo:* / nccl:* events ∩ W|;
+  window); comm = |gloo:* events ∩ W| (nccl:* CPU ops are launches: counts and sizes only);
   busy = |(compute ∪ comm) ∩ W|; overlap = compute + comm − busy (= |compute ∩ comm|).
 Per step, the same rules apply inside each ProfilerStep#N: on a GPU trace a device event belongs
 to the step whose CPU-side launch (runtime call with the same ``correlation``) lies in the span.
@@ -135,11 +135,14 @@ def cpu_window(rt: RankTrace) -> tuple[FloatArray, FloatArray]:
 
 
 def cpu_comm_intervals(rt: RankTrace) -> tuple[FloatArray, FloatArray]:
-    """The ``gloo:*`` / ``nccl:*`` CPU events of any thread."""
-    return (
-        iv.as_array([op.start for op in rt.cpu_comm_ops]),
-        iv.as_array([op.end for op in rt.cpu_comm_ops]),
-    )
+    """The ``gloo:*`` CPU events of any thread: the transfers of a CPU-only trace.
+
+    ``nccl:*`` CPU ops are host-side launches of asynchronous GPU collectives; without the
+    device events their spans say nothing about the transfer (DESIGN.md), so they give counts
+    and sizes (see ``comm.cpu_collective_calls``), never communication time.
+    """
+    ops = [op for op in rt.cpu_comm_ops if op.name.startswith("gloo:")]
+    return iv.as_array([op.start for op in ops]), iv.as_array([op.end for op in ops])
 
 
 def cpu_breakdown(rt: RankTrace, window: tuple[FloatArray, FloatArray]) -> Breakdown | None:

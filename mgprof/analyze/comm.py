@@ -118,15 +118,21 @@ class CollectiveCall(msgspec.Struct, frozen=True):
     group_size: int | None
     pg: str | None
     seq: str | None
+    launch_only: bool = False
+    """An ``nccl:*`` CPU op in a trace without device events: the host-side launch of an
+    asynchronous GPU collective. Its count and size are real; its span is not a transfer."""
 
 
 class CollectiveStats(msgspec.Struct):
-    """Per-type totals on one rank; bandwidths are total bytes / total time of the type."""
+    """Per-type totals on one rank; bandwidths are total bytes / total time of the type.
+
+    ``total_us``/``exposed_us`` are None for launch-only calls (``not_applicable`` says why).
+    """
 
     type: str
     count: int
-    total_us: float
-    exposed_us: float
+    total_us: float | None
+    exposed_us: float | None
     bytes: int | None
     group_size: int | None
     algbw_gbps: float | None
@@ -231,6 +237,7 @@ def cpu_collective_calls(
     ops = [op for op in rt.cpu_comm_ops if not gloo_only or op.name.startswith("gloo:")]
     if not ops:
         return []
+    launches_only = not rt.has_device_events
     starts = iv.as_array([op.start for op in ops])
     ends = iv.as_array([op.end for op in ops])
     covered = iv.covered_within(starts, ends, rt.main_thread if cover is None else cover)
@@ -246,6 +253,7 @@ def cpu_collective_calls(
             group_size=n,
             pg=None,
             seq=None,
+            launch_only=launches_only and op.name.startswith("nccl:"),
         )
         for k, op in enumerate(ops)
     ]
@@ -269,6 +277,9 @@ def type_unions(
         by_type.setdefault(c.type, []).append(c)
     out: dict[str, tuple[float, float]] = {}
     for kind, group in by_type.items():
+        group = [c for c in group if not c.launch_only]
+        if not group:
+            continue
         starts = iv.as_array([c.start_us - base_us for c in group])
         ends = starts + iv.as_array([c.dur_us for c in group])
         inside = iv.intersect((starts, ends), window)
@@ -290,6 +301,10 @@ def summarize_collectives(
         by_type.setdefault(c.type, []).append(c)
     out = []
     for kind, group in by_type.items():
+        if all(c.launch_only for c in group):
+            out.append(_launch_only_stats(kind, group))
+            continue
+        group = [c for c in group if not c.launch_only]
         if unions is not None and kind in unions:
             total, exposed = unions[kind]
         else:
@@ -329,8 +344,31 @@ def summarize_collectives(
                 not_applicable=reason,
             )
         )
-    out.sort(key=lambda s: -s.total_us)
+    out.sort(key=lambda s: -(s.total_us or 0.0))
     return out
+
+
+LAUNCH_ONLY_REASON = (
+    "nccl:* CPU ops in a trace without device events are host-side launches of asynchronous "
+    "GPU collectives, not transfers: counts and sizes only, no time or bandwidth (profile with "
+    "CUDA activities to see the NCCL kernels)"
+)
+
+
+def _launch_only_stats(kind: str, group: Sequence[CollectiveCall]) -> CollectiveStats:
+    sizes = {c.group_size for c in group}
+    known = all(c.bytes is not None for c in group)
+    return CollectiveStats(
+        type=kind,
+        count=len(group),
+        total_us=None,
+        exposed_us=None,
+        bytes=sum(c.bytes or 0 for c in group) if known else None,
+        group_size=sizes.pop() if len(sizes) == 1 else None,
+        algbw_gbps=None,
+        busbw_gbps=None,
+        not_applicable=LAUNCH_ONLY_REASON,
+    )
 
 
 class RankWait(msgspec.Struct):
@@ -377,6 +415,8 @@ def _keys(calls: Sequence[CollectiveCall], by_seq: bool) -> dict[tuple[str, str,
 
 def cross_rank(per_rank: dict[int, Sequence[CollectiveCall]]) -> CrossRankSummary | None:
     """Match calls across ranks and split each into transfer and waiting (module docstring)."""
+    # launch-only calls (nccl:* ops without device events) have no transfer to split
+    per_rank = {r: [c for c in calls if not c.launch_only] for r, calls in per_rank.items()}
     ranks = sorted(per_rank)
     if len(ranks) < 2:
         return None

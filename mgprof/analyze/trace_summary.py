@@ -20,6 +20,7 @@ import numpy as np
 from mgprof.analyze import breakdown as bd
 from mgprof.analyze import intervals as iv
 from mgprof.analyze.comm import (
+    LAUNCH_ONLY_REASON,
     CollectiveCall,
     CollectiveStats,
     CrossRankSummary,
@@ -81,7 +82,8 @@ DEFINITIONS: dict[str, dict[str, str]] = {
         "(gloo:*, nccl:*, c10d::*, record_param_comms), clipped to the window|/window; "
         "annotation spans (user_annotation: steps, regions, record_function) are containers; "
         "main thread = thread of ProfilerStep#N (busiest thread without steps)",
-        "comm_pct": "100*|gloo:* and nccl:* complete events on any thread ∩ window|/window",
+        "comm_pct": "100*|gloo:* complete events on any thread ∩ window|/window (nccl:* CPU "
+        "ops are host-side launches: counted as collectives, never as communication time)",
         "comm_overlap_pct": "100*|compute ∩ comm|/comm",
         "exposed_comm_pct": "100*(comm − |compute ∩ comm|)/window",
         "memcpy_pct": "not applicable: no device events",
@@ -216,6 +218,26 @@ def _totals(b: bd.Breakdown | None, na: dict[str, str], prefix: str = "") -> Tra
     )
 
 
+def _comm_unknown(totals: TraceTotals, na: dict[str, str]) -> TraceTotals:
+    """A CPU-only trace whose only collectives are ``nccl:*`` launches: its communication time
+    is unknown, not zero (the transfers ran on a GPU the trace did not record)."""
+    for key in ("comm", "exposed_comm", "comm_overlap", "busy", "idle"):
+        na[f"{key}_pct"] = LAUNCH_ONLY_REASON
+    return msgspec.structs.replace(
+        totals,
+        comm_pct=None,
+        comm_us=None,
+        comm_overlap_pct=None,
+        overlap_us=None,
+        exposed_comm_pct=None,
+        exposed_comm_us=None,
+        busy_pct=None,
+        busy_us=None,
+        idle_pct=None,
+        idle_us=None,
+    )
+
+
 def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
     if not rt.steps:
         na["steps"] = "no ProfilerStep#N spans (trace recorded without a profiler schedule)"
@@ -258,6 +280,8 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
         calls = cpu_collective_calls(rt)
         cover = rt.main_thread
     totals = _totals(b, na)
+    if kind == "cpu" and calls and all(c.launch_only for c in calls):
+        totals = _comm_unknown(totals, na)
     steps = _steps(rt, na)
     collectives = summarize_collectives(calls, type_unions(calls, rt.time_base_us, window, cover))
     if not collectives:
@@ -320,24 +344,61 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
 _PATTERNS = ("*.json", "*.json.gz")
 
 
-def _traces_in(folder: Path) -> list[Path]:
+_SNIFF_BYTES = 64 * 1024
+
+
+def execution_trace_reason(path: Path) -> str | None:
+    """Why ``path`` is a PyTorch execution trace (``ExecutionTraceObserver``'s graph of nodes,
+    written beside the Kineto trace), or None when it is not one or cannot be told cheaply."""
+    name = path.name
+    if name.endswith(("_et.json", "_et.json.gz")):
+        return "named like a PyTorch execution trace (*_et.json)"
+    try:
+        if name.endswith(".gz"):
+            import gzip
+
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(_SNIFF_BYTES)
+        else:
+            with open(path, "rb") as fh:
+                head = fh.read(_SNIFF_BYTES)
+    except (OSError, EOFError):
+        return None  # unreadable: load_trace says what is wrong with it
+    if b'"traceEvents"' not in head and b'"nodes"' in head and b'"schema"' in head:
+        return "a PyTorch execution trace (a graph of nodes, no traceEvents)"
+    return None
+
+
+def _traces_in(folder: Path, skipped: list[str] | None = None) -> list[Path]:
     found: set[Path] = set()
     for pattern in _PATTERNS:
         found.update(p for p in folder.glob(pattern) if p.is_file())
-    return sorted(found)
+    kept = []
+    for path in sorted(found):
+        why = execution_trace_reason(path)
+        if why is None:
+            kept.append(path)
+        elif skipped is not None:
+            skipped.append(f"{path.name}: {why}, not a Kineto trace; skipped")
+    return kept
 
 
-def find_trace_files(paths: Iterable[str | Path]) -> dict[str, list[Path]]:
+def find_trace_files(
+    paths: Iterable[str | Path], skipped: list[str] | None = None
+) -> dict[str, list[Path]]:
     """Group trace files by folder: a folder's ``*.json[.gz]`` (else its ``traces/``), or files.
 
     Each folder is taken to hold one job's ranks, as torch.profiler's tensorboard handler writes
-    them; a folder with no trace raises TraceError, as does a path that does not exist.
+    them; a folder with no trace raises TraceError, as does a path that does not exist. In a
+    folder, execution traces (``*_et.json.gz``) are skipped, each with a line in ``skipped``.
     """
     groups: dict[str, list[Path]] = {}
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            files = _traces_in(p) or (_traces_in(p / "traces") if (p / "traces").is_dir() else [])
+            files = _traces_in(p, skipped) or (
+                _traces_in(p / "traces", skipped) if (p / "traces").is_dir() else []
+            )
             if not files:
                 raise TraceError(
                     f"{p}: folder holds no *.json or *.json.gz trace (nor does {p / 'traces'}); "

@@ -41,8 +41,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not args.force:
         raise UsageError(f"{out} exists; pass --force to replace it or choose another --out")
-    groups = find_trace_files(args.paths)
+    skipped: list[str] = []
+    groups = find_trace_files(args.paths, skipped)
     jobs = [analyze_job(files, top=args.top, workers=args.workers) for files in groups.values()]
+    if skipped:
+        for job in jobs:
+            job.not_applicable["skipped_files"] = "; ".join(skipped)
     if out is not None or args.json:
         text = json.dumps(jobs_to_json(jobs), indent=2, allow_nan=False) + "\n"
         if out is not None:
