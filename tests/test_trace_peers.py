@@ -132,3 +132,24 @@ def test_execution_trace_beside_the_kineto_trace_is_skipped(tmp_path: Path) -> N
     assert [Path(r["source"]).name for r in job["ranks"]] == ["benchmark_simple_add_trace.json.gz"]
     note = job["not_applicable"]["skipped_files"]
     assert "benchmark_simple_add_et.json.gz" in note and "graph.json.gz" in note
+
+
+def test_nccl_message_sizes_come_from_the_launching_cpu_op() -> None:
+    """tb-test_distributed_nccl: the plugin's comm_ops rows give broadcast 212480 B and
+    all_reduce 8196000 B from the nccl:* CPU ops' Input Dims x Input type (the kernels carry no
+    size; bytes and bandwidth were null)."""
+    for worker in ("worker0.case1.json", "worker1.case2.json"):
+        got = _collectives(PEERS / "tb-test_distributed_nccl" / worker)
+        assert got["broadcast"][2] == 212480
+        assert got["all_reduce"][2] == 8196000
+
+
+def test_collective_type_follows_the_cpu_op_not_the_sendrecv_kernel() -> None:
+    """hta-timeline_analysis: all-to-all and all-gather run as NCCL SendRecv kernels; their
+    nccl:* CPU op (found around the kernel's launch) names what was asked for, and so decides
+    the bus-bandwidth factor. Every kernel used to read send_recv."""
+    (path,) = sorted((PEERS / "hta-timeline_analysis").glob("*.json*"))
+    types = {c.type: c for c in analyze_trace_file(path).collectives}
+    assert {"all_to_all", "all_reduce", "all_gather"} <= set(types)
+    assert "send_recv" not in types
+    assert types["all_reduce"].bytes is not None and types["all_reduce"].bytes > 0

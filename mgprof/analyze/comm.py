@@ -9,8 +9,10 @@ Definitions (also returned by name in every result):
 - ``exposed_us`` of a call = its duration minus the part of it covered by compute (compute
   kernels on a GPU trace, main-thread compute on a CPU-only trace).
 - ``bytes`` of a call = max(In msg nelems, Out msg nelems) × dtype size, the buffer size
-  nccl-tests uses (the full output of an all-gather, the full input of a reduce-scatter); on a
-  CPU trace, the ``Input Dims`` × ``Input type`` of the gloo op.
+  nccl-tests uses (the full output of an all-gather, the full input of a reduce-scatter); when
+  the kernel has no such args, the ``Input Dims`` × ``Input type`` of the ``nccl:*`` CPU op that
+  launched it (× n for an all-gather); on a CPU trace, those of the gloo op. The launching op
+  (same ``External id``, else the op around the kernel's CPU-side launch) also names the type.
 - ``algbw_gbps`` = bytes / time (GB/s, 1e9), ``busbw_gbps`` = algbw × 2(n−1)/n for all-reduce,
   × (n−1)/n for all-gather, reduce-scatter and all-to-all, × 1 for broadcast, reduce, send/recv
   (nccl-tests PERFORMANCE.md); n = group size from the args or ``distributedInfo.pg_config``.
@@ -28,13 +30,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TypeVar
 
 import msgspec
 import numpy as np
 
 from mgprof.analyze import intervals as iv
 from mgprof.analyze.intervals import FloatArray
+from mgprof.analyze.rank_trace import CpuCommOp
 from mgprof.analyze.trace_load import KIND_COMM, KIND_COMPUTE, CommArgs, RankTrace, dtype_bytes
+
+_T = TypeVar("_T")
 
 __all__ = [
     "CollectiveCall",
@@ -161,35 +167,73 @@ def _nbytes(ca: CommArgs | None) -> int | None:
     return max(counts) * size
 
 
-def _enclosing_param_comms(rt: RankTrace) -> dict[int, CommArgs]:
-    """Args for comm kernels that lack them: the ``record_param_comms`` span around the launch."""
-    rows = [r for r in np.flatnonzero(rt.dev_kind == KIND_COMM).tolist() if r not in rt.comm_args]
-    if not rows or not rt.param_comms or rt.launch_corr.size == 0:
+def _enclosing(
+    rt: RankTrace, rows: list[int], spans: Sequence[tuple[str, float, float, _T]]
+) -> dict[int, _T]:
+    """For each device row, the innermost ``(tid, start, end, value)`` span that encloses the
+    CPU-side launch of that kernel (the runtime call with the same correlation)."""
+    if not rows or not spans or rt.launch_corr.size == 0:
         return {}
-    by_tid: dict[str, list[tuple[float, float, CommArgs]]] = {}
-    for tid, s, e, ca in rt.param_comms:
-        by_tid.setdefault(tid, []).append((s, e, ca))
-    for spans in by_tid.values():
-        spans.sort(key=lambda x: x[0])
-    out: dict[int, CommArgs] = {}
+    by_tid: dict[str, list[tuple[float, float, _T]]] = {}
+    for tid, s, e, value in spans:
+        by_tid.setdefault(tid, []).append((s, e, value))
+    for found in by_tid.values():
+        found.sort(key=lambda x: x[0])
+    starts_by_tid = {tid: [s for s, _e, _v in found] for tid, found in by_tid.items()}
+    out: dict[int, _T] = {}
     for r in rows:
         corr = int(rt.dev_corr[r])
         i = int(np.searchsorted(rt.launch_corr, corr))
         if corr < 0 or i >= rt.launch_corr.size or rt.launch_corr[i] != corr:
             continue
         ts, tid = float(rt.launch_ts[i]), rt.launch_tid[i]
-        spans = by_tid.get(tid, [])
-        starts = [s for s, _e, _c in spans]
-        j = int(np.searchsorted(starts, ts, side="right")) - 1
+        found = by_tid.get(tid, [])
+        j = int(np.searchsorted(starts_by_tid.get(tid, []), ts, side="right")) - 1
         while j >= 0:  # innermost enclosing span: the latest start whose end covers ts
-            s, e, ca = spans[j]
+            s, e, value = found[j]
             if e >= ts:
-                out[r] = ca
+                out[r] = value
                 break
             j -= 1
             if ts - s > 1e7:  # spans are short; stop scanning far back
                 break
     return out
+
+
+def _enclosing_param_comms(rt: RankTrace) -> dict[int, CommArgs]:
+    """Args for comm kernels that lack them: the ``record_param_comms`` span around the launch."""
+    rows = [r for r in np.flatnonzero(rt.dev_kind == KIND_COMM).tolist() if r not in rt.comm_args]
+    return _enclosing(rt, rows, rt.param_comms)
+
+
+def _nccl_launches(rt: RankTrace) -> dict[int, CpuCommOp]:
+    """Per communication-kernel row, the ``nccl:*`` CPU op that launched it: the op with the
+    kernel's ``External id`` (Kineto links them so), else the op whose span encloses the
+    kernel's CPU-side launch (traces whose kernel ``External id`` is its correlation)."""
+    ops = [op for op in rt.cpu_comm_ops if op.name.startswith("nccl:")]
+    if not ops:
+        return {}
+    by_ext = {op.ext: op for op in ops if op.ext is not None}
+    rows = np.flatnonzero(rt.dev_kind == KIND_COMM).tolist()
+    out: dict[int, CpuCommOp] = {}
+    if rt.dev_ext.size:
+        for r in rows:
+            op = by_ext.get(int(rt.dev_ext[r]))
+            if op is not None:
+                out[r] = op
+    rest = [r for r in rows if r not in out]
+    out.update(_enclosing(rt, rest, [(op.tid, op.start, op.end, op) for op in ops]))
+    return out
+
+
+def _launch_bytes(op: CpuCommOp, kind: str, n: int | None) -> int | None:
+    """nccl-tests' buffer size from the launching op's ``Input Dims`` × ``Input type``: the
+    input, except for all-gather, whose buffer is the gathered output (n × the input)."""
+    if op.nbytes is None:
+        return None
+    if kind == "all_gather":
+        return op.nbytes * n if n else None
+    return op.nbytes
 
 
 def gpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
@@ -204,13 +248,21 @@ def gpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
     starts, ends = rt.dev_start[rows], rt.dev_end[rows]
     covered = iv.covered_within(starts, ends, compute)
     extra = _enclosing_param_comms(rt)
+    launches = _nccl_launches(rt)
     calls = []
     for k, r in enumerate(rows.tolist()):
-        ca = rt.comm_args.get(r) or extra.get(r)
+        op = launches.get(r)
+        ca = rt.comm_args.get(r) or extra.get(r) or (op.comm if op is not None else None)
         name = rt.kernel_names[int(rt.dev_name[r])]
         kind = collective_type(ca.collective) if ca and ca.collective else "other"
+        if kind == "other" and op is not None:
+            # the CPU op names what was asked for: an all-to-all runs as SendRecv kernels
+            kind = collective_type(op.name)
         if kind == "other":
             kind = collective_type(name)
+        nbytes = _nbytes(ca)
+        if nbytes is None and op is not None:
+            nbytes = _launch_bytes(op, kind, _group_size(rt, ca))
         dur = float(ends[k] - starts[k])
         calls.append(
             CollectiveCall(
@@ -218,7 +270,7 @@ def gpu_collective_calls(rt: RankTrace) -> list[CollectiveCall]:
                 start_us=rt.time_base_us + float(starts[k]),
                 dur_us=dur,
                 exposed_us=max(0.0, dur - float(covered[k])),
-                bytes=_nbytes(ca),
+                bytes=nbytes,
                 group_size=_group_size(rt, ca),
                 pg=ca.pg_name if ca else None,
                 seq=ca.seq if ca else None,

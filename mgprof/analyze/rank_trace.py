@@ -55,6 +55,10 @@ class CpuCommOp:
     end: float
     tid: str
     nbytes: int | None
+    ext: int | None = None
+    """``External id``: on a GPU trace, the NCCL kernel this ``nccl:*`` op launched has it too."""
+    comm: CommArgs | None = None
+    """NCCL args on the op itself (``In msg nelems``, ``dtype``, ``Group size``), when present."""
 
 
 @dataclass

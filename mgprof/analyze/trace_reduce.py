@@ -200,7 +200,11 @@ class _Reducer:
                         kind_of_name[name] = kind
                         name_index[name] = len(name_index)
                     dev_name.append(name_index[name])
-                    ext = args.external_id if args is not None else None
+                    ext = None
+                    if args is not None:
+                        ext = args.external_id
+                        if ext is None:
+                            ext = args.external_id_lower
                     if type(ext) is not int:
                         ext = _as_int(ext)
                     dev_ext.append(-1 if ext is None else ext)
@@ -278,7 +282,17 @@ class _Reducer:
                 if ca is not None:
                     self.param_comms.append((tid, ts, end, ca))
             if flags & _N_CPU_COMM:
-                self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, _input_bytes(args)))
+                self.cpu_comm_ops.append(
+                    CpuCommOp(
+                        name,
+                        ts,
+                        end,
+                        tid,
+                        _input_bytes(args),
+                        ext=_as_int(args.external_id),
+                        comm=_comm_args(args),
+                    )
+                )
             cpu_events.append((ts, end, tid, name, code))
         self.complete += complete
         self.skipped += skipped

@@ -30,6 +30,8 @@ class _Args(msgspec.Struct, gc=False):
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
     external_id: Num = msgspec.field(default=None, name="External id")
+    external_id_lower: Num = msgspec.field(default=None, name="external id")
+    """Older Kineto writes the device side's link to its CPU op in lower case."""
 
 
 class _Event(msgspec.Struct, gc=False):
