@@ -153,3 +153,10 @@ def test_collective_type_follows_the_cpu_op_not_the_sendrecv_kernel() -> None:
     assert {"all_to_all", "all_reduce", "all_gather"} <= set(types)
     assert "send_recv" not in types
     assert types["all_reduce"].bytes is not None and types["all_reduce"].bytes > 0
+
+
+def test_tensor_core_share_matches_the_plugin() -> None:
+    """tb-test_tensor_core: tensor-core share 15 / (15 + 10) = 0.6 (of all kernel time)."""
+    s = analyze_trace_file(PEERS / "tb-test_tensor_core" / "worker0.case1.json")
+    assert s.tensor_cores.tensor_core_us == pytest.approx(15.0)
+    assert s.tensor_cores.tensor_core_pct == pytest.approx(60.0)
