@@ -66,13 +66,17 @@ def classify_kernel(name: str) -> str:
 
 
 class KernelStat(msgspec.Struct):
-    """One compute kernel name: calls, summed time, and share of summed compute-kernel time."""
+    """One compute kernel name: calls, summed time, share of summed compute-kernel time, and
+    mean/min/max duration per launch (the TensorBoard plugin's kernel view)."""
 
     name: str
     count: int
     total_us: float
     pct_of_compute: float
     kind: str
+    mean_us: float | None = None
+    min_us: float | None = None
+    max_us: float | None = None
 
 
 class TensorCoreFacts(msgspec.Struct):
@@ -81,7 +85,9 @@ class TensorCoreFacts(msgspec.Struct):
     tensor_core_us: float
     fp32_gemm_us: float
     tensor_core_kernels: int
+    """Launches classified tensor-core (each launch counts, not each distinct name)."""
     fp32_gemm_kernels: int
+    """Launches classified FP32 GEMM."""
     tensor_core_pct: float | None
     fp32_gemm_pct: float | None
     launches_by_op_dtype: int = 0  # launches classified from their GEMM op's Input type
@@ -136,6 +142,10 @@ def top_kernels(rt: RankTrace, top: int) -> tuple[list[KernelStat], TensorCoreFa
     totals = np.bincount(names, weights=durs, minlength=n)
     per_cls = np.bincount(names * 3 + cls, weights=durs, minlength=3 * n).reshape(n, 3)
     hits = np.bincount(names * 3 + cls, minlength=3 * n).reshape(n, 3)
+    lows = np.full(n, np.inf)
+    highs = np.full(n, -np.inf)
+    np.minimum.at(lows, names, durs)
+    np.maximum.at(highs, names, durs)
     all_us = float(totals.sum())
     tc_us = float(per_cls[:, _TC].sum())
     fp_us = float(per_cls[:, _FP32].sum())
@@ -149,14 +159,17 @@ def top_kernels(rt: RankTrace, top: int) -> tuple[list[KernelStat], TensorCoreFa
             total_us=float(totals[i]),
             pct_of_compute=100.0 * float(totals[i]) / all_us if all_us > 0 else 0.0,
             kind=_KINDS[int(kind_of[i])],
+            mean_us=float(totals[i]) / int(counts[i]),
+            min_us=float(lows[i]),
+            max_us=float(highs[i]),
         )
         for i in order
     ]
     facts = TensorCoreFacts(
         tensor_core_us=tc_us,
         fp32_gemm_us=fp_us,
-        tensor_core_kernels=int((hits[:, _TC] > 0).sum()),
-        fp32_gemm_kernels=int((hits[:, _FP32] > 0).sum()),
+        tensor_core_kernels=int(hits[:, _TC].sum()),
+        fp32_gemm_kernels=int(hits[:, _FP32].sum()),
         tensor_core_pct=100.0 * tc_us / all_us if all_us > 0 else None,
         fp32_gemm_pct=100.0 * fp_us / all_us if all_us > 0 else None,
         launches_by_op_dtype=by_op,

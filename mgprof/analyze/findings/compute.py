@@ -89,7 +89,7 @@ def low_utilisation(run: RunRecord, figures: Mapping[str, Any]) -> Finding | Non
 
 
 def _tensor_core_facts(figures: Mapping[str, Any], rank: int) -> tuple[float, float, int] | None:
-    """(fp32 GEMM µs, all compute µs estimate, fp32 GEMM kernels) summed over a rank's traces."""
+    """(fp32 GEMM µs, all compute µs estimate, fp32 GEMM launches) summed over a rank's traces."""
     fp32_us = compute_us = 0.0
     kernels = 0
     seen = False
@@ -142,7 +142,7 @@ def fp32_gemms(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
             title="Matrix multiplies run in FP32, not on tensor cores",
             evidence=(
                 f"rank {rec.rank} ({name}): FP32 GEMM kernels take {pct:.1f} % of compute-kernel "
-                f"time ({fp32_us / 1000.0:,.2f} ms, {kernels} kernel names); {seen}"
+                f"time ({fp32_us / 1000.0:,.2f} ms, {kernels} launches); {seen}"
             ),
             cause=(
                 "without autocast every matmul and convolution runs in float32 on the CUDA cores; "
