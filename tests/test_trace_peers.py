@@ -160,3 +160,19 @@ def test_tensor_core_share_matches_the_plugin() -> None:
     s = analyze_trace_file(PEERS / "tb-test_tensor_core" / "worker0.case1.json")
     assert s.tensor_cores.tensor_core_us == pytest.approx(15.0)
     assert s.tensor_cores.tensor_core_pct == pytest.approx(60.0)
+
+
+def test_mtia_device_events_are_device_events() -> None:
+    """hta-mtia_trace_single_rank: 25,814 mtia_ccp_events were ignored and the trace read as
+    CPU-only. HTA asserts idle / compute / non-compute 42.382 / 54.813 / 2.806 % over a
+    13,328,347 us window; HTA rounds every event to whole us (start up, end down), which
+    accounts for the small residual (22,361 DMA events lose up to 1 us each)."""
+    (path,) = sorted((PEERS / "hta-mtia_trace_single_rank").glob("*.json*"))
+    s = analyze_trace_file(path)
+    t = s.totals
+    assert s.kind == "gpu"
+    assert t.window_us == pytest.approx(13328347, rel=1e-3)
+    assert t.compute_pct == pytest.approx(54.813, abs=0.05)
+    assert t.idle_pct == pytest.approx(42.382, abs=0.2)
+    assert t.busy_pct - t.compute_pct == pytest.approx(2.806, abs=0.2)  # non-compute only
+    assert s.top_kernels[0].name == "fc-dtype_Float"

@@ -49,8 +49,12 @@ _DEVICE_CATS = {
     "memcpy": KIND_MEMCPY,
     "gpu_memset": KIND_MEMSET,
     "memset": KIND_MEMSET,
+    # Meta's MTIA accelerators: device-side kernels and DMA transfers in one category
+    "mtia_ccp_events": KIND_COMPUTE,
 }
-_LAUNCH_CATS = {"cuda_runtime", "runtime", "cuda_driver"}
+_LAUNCH_CATS = {"cuda_runtime", "runtime", "cuda_driver", "mtia_runtime"}
+_DMA_NAMES = ("dma_request",)
+"""MTIA device events that move memory (counted as memcpy, as HTA's MEMORY class)."""
 # CPU-side events that are communication rather than compute (DESIGN.md "communication ops").
 _CPU_COMM_PREFIXES = ("gloo:", "nccl:")
 _CPU_COMM_WRAPPERS = ("c10d::", "record_param_comms")
@@ -196,7 +200,12 @@ class _Reducer:
                 if code == KIND_COMPUTE:
                     kind = kind_of_name.get(name, -1)
                     if kind < 0:
-                        kind = KIND_COMM if COMM_KERNEL_RE.search(name) else KIND_COMPUTE
+                        if COMM_KERNEL_RE.search(name):
+                            kind = KIND_COMM
+                        elif name in _DMA_NAMES:
+                            kind = KIND_MEMCPY
+                        else:
+                            kind = KIND_COMPUTE
                         kind_of_name[name] = kind
                         name_index[name] = len(name_index)
                     dev_name.append(name_index[name])
