@@ -84,30 +84,44 @@ def gpu_breakdown(
     rt: RankTrace,
     rows: np.ndarray | None = None,
     host_span: tuple[float, float] | None = None,
+    not_before: float | None = None,
 ) -> Breakdown | None:
     """DESIGN.md GPU rules over all device events, or over the boolean selection ``rows``.
 
     Host-side gloo collectives (:func:`host_collectives`) count as communication and extend
-    the window (the device events alone would start after, or end before, them); for a step,
-    only the part inside ``host_span`` (its CPU span) counts.
+    the window (the device events alone would start after, or end before, them). For a step:
+    only the gloo part inside ``host_span`` (its CPU span) counts, its data loading is the
+    DataLoader time inside that CPU span (a step's loading runs before its kernels), and
+    ``not_before`` (where the previous step's window ended) clips every device interval, so
+    step windows never overlap and no time is counted in two steps.
     """
     sel = np.ones(rt.dev_start.size, dtype=bool) if rows is None else rows
     gloo = host_collectives(rt)
     if host_span is not None and gloo[0].size:
         gloo = iv.clip(*gloo, *host_span)
-    if not sel.any() and not gloo[0].size:
-        return None
+    floor = -np.inf if not_before is None else not_before
+
+    def pick(mask: np.ndarray) -> tuple[FloatArray, FloatArray]:
+        s, e = _sel(rt, mask)
+        return iv.clip(s, e, floor, np.inf) if not_before is not None else (s, e)
+
+    if not_before is not None and gloo[0].size:
+        gloo = iv.clip(*gloo, floor, np.inf)
     kind = rt.dev_kind
-    start = np.concatenate((rt.dev_start[sel], gloo[0]))
-    end = np.concatenate((rt.dev_end[sel], gloo[1]))
+    every = pick(sel)
+    start = np.concatenate((every[0], gloo[0]))
+    end = np.concatenate((every[1], gloo[1]))
+    if start.size == 0:
+        return None
     lo, hi = float(start.min()), float(end.max())
-    compute = _sel(rt, sel & (kind == KIND_COMPUTE))
-    kernels = _sel(rt, sel & (kind == KIND_COMM))
+    compute = pick(sel & (kind == KIND_COMPUTE))
+    kernels = pick(sel & (kind == KIND_COMM))
     comm = (np.concatenate((kernels[0], gloo[0])), np.concatenate((kernels[1], gloo[1])))
-    memory = _sel(rt, sel & ((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)))
+    memory = pick(sel & ((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)))
     dl: float | None = None
     if rt.dataloader[0].size:
-        dl = iv.union_length(*iv.clip(*rt.dataloader, lo, hi))
+        span = host_span if host_span is not None else (lo, hi)
+        dl = iv.union_length(*iv.clip(*rt.dataloader, *span))
     return Breakdown(
         window_us=hi - lo,
         busy_us=iv.union_length(start, end),

@@ -127,12 +127,25 @@ class TraceTotals(msgspec.Struct):
 
 
 class StepSummary(msgspec.Struct):
-    """One ProfilerStep#N: CPU span length and the totals inside it."""
+    """One ProfilerStep#N: CPU span, device window, and the totals inside it.
+
+    Times ``*_start_us``/``*_end_us`` are absolute (the trace's clock). ``extended_us`` is the
+    TensorBoard plugin's step time: from the later of the CPU start and the previous step's
+    extended end, to the later of the CPU end and the step's last device event (its "Average
+    Step Time" is their mean). Per step, ``dataloader_pct`` is of the CPU span (a step's loading
+    runs before its kernels); the other ``*_pct`` are of the step's device window.
+    """
 
     step: int
     cpu_duration_us: float
     device_events: int
     totals: TraceTotals
+    cpu_start_us: float | None = None
+    cpu_end_us: float | None = None
+    device_start_us: float | None = None
+    device_end_us: float | None = None
+    extended_us: float | None = None
+    not_applicable: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class RankTraceSummary(msgspec.Struct):
@@ -246,16 +259,52 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
     step_of = bd.device_step_index(rt) if rt.has_device_events else None
     if step_of is not None and not (step_of >= 0).any():
         na["steps"] = "no device event correlates with a launch inside a ProfilerStep#N span"
+    base = rt.time_base_us
+    prev_end: float | None = None
+    prev_extended: float | None = None
     for k, step in enumerate(rt.steps):
         step_na: dict[str, str] = {}
+        cpu_us = step.end - step.start
+        device_start = device_end = None
         if step_of is not None:
             rows = step_of == k
-            b = bd.gpu_breakdown(rt, rows, host_span=(step.start, step.end))
             n = int(rows.sum())
+            b = bd.gpu_breakdown(rt, rows, host_span=(step.start, step.end), not_before=prev_end)
+            if b is None:
+                why = (
+                    "no device event was launched in this step"
+                    if n == 0
+                    else "all of this step's device work ran inside the previous step's window"
+                )
+                step_na.update(dict.fromkeys(TraceTotals.__struct_fields__, why))
+            else:
+                device_start, device_end = b.window_start_us, b.window_end_us
+                prev_end = b.window_end_us
         else:
             b = bd.cpu_breakdown(rt, (np.asarray([step.start]), np.asarray([step.end])))
             n = 0
-        out.append(StepSummary(step.number, step.end - step.start, n, _totals(b, step_na)))
+        totals = _totals(b, step_na)
+        if step_of is not None and totals.dataloader_us is not None and cpu_us > 0:
+            totals = msgspec.structs.replace(
+                totals, dataloader_pct=100.0 * totals.dataloader_us / cpu_us
+            )
+        end = step.end if device_end is None else max(step.end, device_end)
+        begin = step.start if prev_extended is None else max(step.start, prev_extended)
+        prev_extended = end
+        out.append(
+            StepSummary(
+                step.number,
+                cpu_us,
+                n,
+                totals,
+                cpu_start_us=base + step.start,
+                cpu_end_us=base + step.end,
+                device_start_us=None if device_start is None else base + device_start,
+                device_end_us=None if device_end is None else base + device_end,
+                extended_us=end - begin,
+                not_applicable=step_na,
+            )
+        )
     return out
 
 
