@@ -213,3 +213,17 @@ def test_plugin_step_device_figures_with_overlap() -> None:
     first, second = s.steps
     assert first.totals.memcpy_us == pytest.approx(100)
     assert second.totals.compute_us == pytest.approx(200)
+
+
+def test_every_rank_gets_a_health_block() -> None:
+    """What each trace gave the analysis: steps, rank, comm kernels, device events without a
+    launch, unknown categories, dropped events (issue: a figure with unhealthy inputs is null
+    with the reason, never a silent 0)."""
+    mtia = analyze_trace_file(next((PEERS / "hta-mtia_trace_single_rank").glob("*.json*")))
+    assert mtia.health is not None
+    assert mtia.health.rank_found and mtia.health.steps_found == 1
+    assert mtia.health.device_events_without_launch == 22361  # the DMA transfers
+    nccl = analyze_trace_file(PEERS / "tb-test_distributed_nccl" / "worker0.case1.json")
+    assert nccl.health is not None and nccl.health.comm_kernels == 2
+    assert nccl.health.host_collectives == 2
+    assert any("ProfilerStep" in note for note in nccl.health.notes)

@@ -105,6 +105,10 @@ class RankTrace:
     flops_source: str | None = None
     flops_estimate_skipped: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    graph_launches: int = 0
+    """``cudaGraphLaunch`` calls: kernels replayed from a CUDA graph have no launch of their own."""
+    unknown_categories: dict[str, int] = field(default_factory=dict)
+    """Event categories torch.profiler does not write (``cat`` -> events), counted as host work."""
 
     @property
     def has_device_events(self) -> bool:

@@ -53,6 +53,12 @@ _DEVICE_CATS = {
     "mtia_ccp_events": KIND_COMPUTE,
 }
 _LAUNCH_CATS = {"cuda_runtime", "runtime", "cuda_driver", "mtia_runtime"}
+_KNOWN_HOST_CATS = {
+    "user_annotation", "python_function", "cpu_instant_event", "Operator", "Runtime",
+    "overhead", "cuda_profiler_range", "Trace", "trace", "ac2g", "fwdbwd",
+}  # fmt: skip
+"""Host categories torch.profiler writes; others are listed in the trace's health block, since a
+device category mgprof does not know would otherwise pass silently as host work."""
 _DMA_NAMES = ("dma_request",)
 """MTIA device events that move memory (counted as memcpy, as HTA's MEMORY class)."""
 # CPU-side events that are communication rather than compute (DESIGN.md "communication ops").
@@ -143,6 +149,8 @@ class _Reducer:
         self.skipped = 0
         self.complete = 0
         self.n_events = 0
+        self.graph_launches = 0
+        self.unknown_cats: dict[str, int] = {}
         self.tid_str: dict[object, str] = {}
         self.cat_code: dict[str | None, int] = {}  # raw ``cat`` -> KIND_* or _CAT_*
         self.name_flags: dict[str, int] = {}  # CPU event name -> _N_* bits
@@ -230,6 +238,8 @@ class _Reducer:
             if not valid:
                 continue
             complete += 1
+            if code == _CAT_CPU_OTHER and raw_cat not in _KNOWN_HOST_CATS:
+                self.unknown_cats[raw_cat or ""] = self.unknown_cats.get(raw_cat or "", 0) + 1
             if code == _CAT_SKIP:
                 # The profiler's own span is not activity, and GPU-side annotations (which repeat
                 # ProfilerStep#N names on the device timeline) are not CPU events.
@@ -243,6 +253,8 @@ class _Reducer:
                 if tid is None:
                     tid = tid_str[raw_tid] = _as_str(raw_tid) or ""
             if code == _CAT_LAUNCH:
+                if ev.name and "GraphLaunch" in ev.name:
+                    self.graph_launches += 1
                 args = ev.args
                 if args is not None:
                     corr = args.correlation
@@ -391,6 +403,8 @@ class _Reducer:
             device_properties=props,
             n_events=self.n_events,
             skipped_device_events=self.skipped,
+            graph_launches=self.graph_launches,
+            unknown_categories=dict(self.unknown_cats),
             dev_start=np.asarray(self.dev_start, dtype=np.float64),
             dev_end=np.asarray(self.dev_end, dtype=np.float64),
             dev_kind=np.asarray(self.dev_kind, dtype=np.int8),

@@ -164,6 +164,22 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
             kt.add_row(k.name, k.kind, str(k.count), _fmt(k.total_us, "ms"), _fmt(k.pct_of_compute))
         console.print(kt)
 
+    health = [
+        f"rank {r.rank}: {note}"
+        for r in job.ranks
+        if r.health is not None
+        for note in r.health.notes
+    ]
+    health += [
+        f"rank {r.rank}: {r.health.device_events_without_launch} device events without a CPU "
+        "launch (not given to any step)"
+        for r in job.ranks
+        if r.health is not None and r.health.device_events_without_launch and r.steps
+    ]
+    if health:
+        console.print("[bold]Trace health[/]")
+        for note in health:
+            console.print(f"  • {note}", highlight=False)
     notes = [
         f"rank {r.rank}: {key}: {why}" for r in job.ranks for key, why in r.not_applicable.items()
     ]
