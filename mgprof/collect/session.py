@@ -9,13 +9,17 @@ With no launcher around (``python train.py``, ``torchrun train.py``), rank 0 als
 report files (``mgprof.report.files``, run in a fresh process) and prints a few summary lines to
 stderr, unless ``quiet=True`` or ``MGPROF_QUIET=1``. Under ``mgprof analyze`` the launcher does
 both.
+
+This module keeps the session's lifecycle and where its steps begin and end; the rest sits
+beside it: ``steps`` (what ``step`` returns, and reading closed steps and regions into records),
+``delivery`` (the record, the gather to rank 0 and the run directory), both mixed into
+``Session``; ``inline_report`` (the report step) and ``device_facts`` (devices and versions).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -23,26 +27,26 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import msgspec
 import torch
 
-from mgprof import rundir
 from mgprof.collect import hooks
 from mgprof.collect.batchinfo import PendingFingerprint, batch_size_of, fingerprint
-from mgprof.collect.distenv import RankInfo, gather_bytes_to_rank0, group_ready, rank_info
+from mgprof.collect.delivery import DeliveryMixin
+from mgprof.collect.device_facts import cuda_indices_in_use as _cuda_indices_in_use
+from mgprof.collect.distenv import RankInfo, rank_info
 from mgprof.collect.failopen import FailOpen
+from mgprof.collect.inline_report import QUIET_ENV as QUIET_ENV
+from mgprof.collect.inline_report import report_command as _report_command
+from mgprof.collect.inline_report import report_run
 from mgprof.collect.memory import collect_memory, reset_peaks
 from mgprof.collect.progress import PROGRESS_ENV, ProgressFile
 from mgprof.collect.step_timer import Clock, Mark
+from mgprof.collect.steps import NULL_STEP, NullStep, PendingStep, StepHandle, StepRecordsMixin
 from mgprof.collect.torch_profiler import TraceConfig, TraceWriter, build_profiler
-from mgprof.records import (
-    DeviceInfo,
-    RankRecord,
-    RegionRecord,
-    RunRecord,
-    SamplerRecord,
-    StepRecord,
-)
+from mgprof.records import MemoryRecord, RankRecord, RunRecord, SamplerRecord, StepRecord
+
+# Tests replace ``_cuda_indices_in_use``, ``collect_memory``, ``Clock`` (what the session's clock
+# is made from) and ``_report_command`` on this module, so the session calls them by these names.
 
 CUDA_RESOLVE_EVERY = 64
 """On CUDA, finished steps are read in batches: every event query or elapsed-time read is a
@@ -50,9 +54,6 @@ driver call, and the step path should cost one event record, not five driver cal
 
 FINGERPRINT_STEPS = 8
 """Only the first steps are fingerprinted: enough to see identical data across ranks."""
-
-QUIET_ENV = "MGPROF_QUIET"
-"""Set to 1 (or true/yes/on) to silence the end-of-session summary; the files are still written."""
 
 _lock = threading.Lock()
 _active: Session | None = None
@@ -79,66 +80,7 @@ def explicit_session_started() -> bool:
     return _explicit_started
 
 
-class _RankPayload(msgspec.Struct):
-    """What a rank sends to rank 0: its record and its trace files' bytes."""
-
-    record: RankRecord
-    traces: dict[str, bytes]
-
-
-class _PendingStep:
-    __slots__ = ("batch_size", "dataloader_ms", "end", "fp", "index", "start")
-
-    def __init__(
-        self,
-        index: int,
-        start: Mark,
-        end: Mark,
-        batch_size: int | None,
-        fp: PendingFingerprint | None,
-        dataloader_ms: float | None,
-    ) -> None:
-        self.index, self.start, self.end = index, start, end
-        self.batch_size, self.fp, self.dataloader_ms = batch_size, fp, dataloader_ms
-
-
-class StepHandle:
-    """Returned by ``Session.step``: a boundary when called, a timed block when used in ``with``."""
-
-    __slots__ = ("_session", "batch_size", "entered", "fp", "mark")
-
-    def __init__(
-        self, session: Session, mark: Mark, batch_size: int | None, fp: PendingFingerprint | None
-    ) -> None:
-        self._session = session
-        self.mark = mark
-        self.batch_size = batch_size
-        self.fp = fp
-        self.entered = False
-
-    def __enter__(self) -> StepHandle:
-        self.entered = True
-        self._session._enter_step(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._session._exit_step(self)
-
-
-class _NullStep:
-    """The step handle of a disabled session: does nothing, costs nothing."""
-
-    def __enter__(self) -> _NullStep:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NULL_STEP = _NullStep()
-
-
-class Session:
+class Session(StepRecordsMixin, DeliveryMixin):
     """One process's profiling session. Use :func:`mgprof.profile` to make one."""
 
     def __init__(
@@ -186,7 +128,7 @@ class Session:
         self.enabled = True
         self._running = False
         self._closed = False
-        self._steps: list[_PendingStep] = []
+        self._steps: list[PendingStep] = []
         self._done_steps: list[StepRecord] = []
         self._regions: list[tuple[str, Mark, Mark]] = []
         self._region_totals: dict[str, list[float]] = {}
@@ -311,7 +253,7 @@ class Session:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def step(self, batch: Any = None, *, batch_size: int | None = None) -> StepHandle | _NullStep:
+    def step(self, batch: Any = None, *, batch_size: int | None = None) -> StepHandle | NullStep:
         """Mark a step. Call it once per iteration (after the step, like torch.profiler's
         ``step()``), or use it as ``with prof.step(batch):`` around the iteration's body.
 
@@ -319,7 +261,7 @@ class Session:
         is given, and a cheap fingerprint during the first steps.
         """
         if not self._running:
-            return _NULL_STEP
+            return NULL_STEP
         try:
             # the ``with`` form takes its mark on entry: no second event record per step
             mark = self._unset_mark if self._mode == "ctx" else self._clock.mark()
@@ -342,7 +284,7 @@ class Session:
             return handle
         except Exception as exc:
             self.failopen.report("step", exc)
-            return _NULL_STEP
+            return NULL_STEP
 
     def _boundary_or(self, mark: Mark) -> Mark:
         return self._boundary if self._boundary is not None else mark
@@ -365,7 +307,7 @@ class Session:
         dl = self._dataloader_ms if self._dataloader_timed else None
         self._dataloader_ms, self._dataloader_timed = 0.0, False
         self._steps.append(
-            _PendingStep(
+            PendingStep(
                 self._step_index + len(self._steps), start, end, handle.batch_size, handle.fp, dl
             )
         )
@@ -416,62 +358,6 @@ class Session:
     def steps_done(self) -> int:
         return self._step_index + len(self._steps)
 
-    def _resolve_ready(self, wait: bool = False) -> None:
-        """Turn finished steps into records; on CUDA only those whose events have completed.
-
-        Events on one stream complete in order, so one query of the newest pending step tells
-        whether all of them can be read; otherwise they are read one by one up to the first
-        unfinished.
-        """
-        keep: list[_PendingStep] = []
-        all_ready = wait or (bool(self._steps) and Clock.ready(self._steps[-1].end))
-        for i, s in enumerate(self._steps):
-            if not all_ready and not (Clock.ready(s.end) and Clock.ready(s.start)):
-                keep = self._steps[i:]
-                break
-            traced = self._is_traced(s.index)
-            self._done_steps.append(
-                StepRecord(
-                    index=s.index,
-                    duration_ms=round(self._clock.elapsed_ms(s.start, s.end), 6),
-                    batch_size=s.batch_size,
-                    fingerprint=s.fp.resolve() if s.fp is not None else None,
-                    traced=traced,
-                    dataloader_ms=None if s.dataloader_ms is None else round(s.dataloader_ms, 6),
-                )
-            )
-            self._clock.recycle(s.start)  # the previous step, its only other user, is done
-            if self._mode == "ctx":  # entry and exit marks belong to this step alone
-                self._clock.recycle(s.end)
-        self._step_index += len(self._steps) - len(keep)
-        self._steps = keep
-        if len(self._regions) > 256 or wait:
-            self._resolve_regions(wait)
-
-    def _is_traced(self, index: int) -> bool:
-        window = self._trace_window
-        return window is not None and window[0] <= index < window[1]
-
-    # -- regions ---------------------------------------------------------------------------
-
-    def add_region(self, name: str, start: Mark, end: Mark) -> None:
-        self._regions.append((name, start, end))
-
-    def _resolve_regions(self, wait: bool) -> None:
-        keep = []
-        for name, start, end in self._regions:
-            if not wait and not (Clock.ready(start) and Clock.ready(end)):
-                keep.append((name, start, end))
-                continue
-            ms = self._clock.elapsed_ms(start, end)
-            self._clock.recycle(start)
-            self._clock.recycle(end)
-            tot = self._region_totals.setdefault(name, [0, 0.0, 0.0])
-            tot[0] += 1
-            tot[1] += ms
-            tot[2] = max(tot[2], ms)
-        self._regions = keep
-
     # -- the end ---------------------------------------------------------------------------
 
     def stop(self, error: str | None = None) -> RunRecord | None:
@@ -509,10 +395,20 @@ class Session:
                     sampler_record = self._sampler.stop()
             with self.failopen.guard("hooks"):
                 hooks.uninstall(self)
-            self.record = self._build_record(sampler_record, error)
+            memory: MemoryRecord | None = None
+            with self.failopen.guard("memory"):
+                memory = collect_memory(self._cuda_indices)
+            self.record = self._build_record(sampler_record, memory, error)
             run = self._deliver(self.record)
             if run is not None:
-                run = self._report(run)
+                run = report_run(
+                    self.run_dir,
+                    run,
+                    info=self._info,
+                    quiet=self.quiet,
+                    failopen=self.failopen,
+                    command=_report_command,
+                )
         except Exception as exc:  # the last line of defence: never break the training
             self.failopen.report("finalise", exc)
         finally:
@@ -520,278 +416,6 @@ class Session:
                 if _active is self:
                     _active = None
         return run
-
-    def _report(self, run: RunRecord) -> RunRecord:
-        """Rank 0 wrote the run directory itself (no ``mgprof analyze`` launcher, which analyses
-        and reports on its own): analyse it, write report.md and report.html (in a fresh
-        process), print a summary unless quiet.
-
-        Fails open like the rest: an error here is one warning; run.json stays as written.
-        """
-        if os.environ.get(rundir.RUN_DIR_ENV) or self.run_dir is None:
-            return run
-        if (self._info or rank_info()).rank != 0:
-            return run
-        if not (self.run_dir / rundir.RUN_JSON).exists():
-            return run  # the writer failed (already one warning): nothing to report on
-        analysis = None
-        written: list[str] = []
-        with self.failopen.guard("report"):
-            written = _write_report_files(self.run_dir, run)
-            from mgprof.records import read_run
-
-            run = read_run(self.run_dir)  # as saved: with its analysis
-            analysis = run.analysis
-        if self.quiet or _quiet_env():
-            return run
-        with self.failopen.guard("summary"):
-            from mgprof.report.summary_lines import summary_lines
-
-            lines = summary_lines(run, analysis, self.run_dir, written)
-            sys.stderr.write("".join(f"{line}\n" for line in lines))
-            sys.stderr.flush()
-        return run
-
-    def _build_record(self, sampler: SamplerRecord, error: str | None) -> RankRecord:
-        info = self._info or rank_info()
-        memory = None
-        with self.failopen.guard("memory"):
-            memory = collect_memory(self._cuda_indices)
-        regions = [
-            RegionRecord(name=n, count=int(t[0]), total_ms=round(t[1], 6), max_ms=round(t[2], 6))
-            for n, t in sorted(self._region_totals.items())
-        ]
-        strategy = self.strategy or os.environ.get("MGPROF_STRATEGY") or _guess_strategy(info)
-        backend = None
-        with self.failopen.guard("backend"):
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                backend = str(torch.distributed.get_backend())
-        return RankRecord(
-            rank=info.rank,
-            world_size=info.world_size,
-            local_rank=info.local_rank,
-            host=info.host,
-            pid=os.getpid(),
-            strategy=strategy,
-            backend=backend,
-            device=_device_info(self._cuda_indices),
-            devices_used=max(1, len(self._cuda_indices)),
-            steps=self._done_steps,
-            step_form="auto" if self.auto else ("with" if self._mode == "ctx" else "call"),
-            regions=regions,
-            sampler=sampler,
-            memory=memory,
-            training=hooks.training_facts(),
-            versions=_versions(),
-            warnings=list(self.failopen.notes),
-            error=error,
-        )
-
-    def _trace_files(self) -> dict[str, bytes]:
-        files: dict[str, bytes] = {}
-        if self._writer is None:
-            return files
-        for path in self._writer.written:
-            with self.failopen.guard("traces"):
-                files[path.name] = path.read_bytes()
-        return files
-
-    def _deliver(self, record: RankRecord) -> RunRecord | None:
-        """Gather to rank 0 over the process group when there is one; else write directly."""
-        traces = self._trace_files()
-        payload = _RankPayload(record=record, traces=traces)
-        if group_ready() and record.error is None:
-            # a failing rank must not enter a collective its healthy peers will never join
-            try:
-                gathered = gather_bytes_to_rank0(msgspec.msgpack.encode(payload))
-            except Exception as exc:
-                self.failopen.report("gather", exc)
-                record.warnings.append(self.failopen.notes[-1])
-            else:
-                self._cleanup_tmp()
-                if gathered is None:
-                    return None
-                decoder = msgspec.msgpack.Decoder(_RankPayload)
-                payloads = [decoder.decode(b) for b in gathered if b]
-                return self._write_run([p.record for p in payloads], payloads)
-        run_dir = self._resolve_run_dir()
-        if record.world_size > 1 and rundir.RUN_DIR_ENV in os.environ:
-            # the launcher merges partial records; this rank could not send its record
-            self._write_traces(run_dir, traces, record)
-            with self.failopen.guard("writer"):
-                rundir.write_partial(run_dir, record)
-            self._cleanup_tmp()
-            return None
-        run = self._write_run([record], [payload])
-        self._cleanup_tmp()
-        return run
-
-    def _resolve_run_dir(self) -> Path:
-        if self.run_dir is not None:
-            return self.run_dir
-        env = os.environ.get(rundir.RUN_DIR_ENV)
-        if env:
-            self.run_dir = Path(env)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        else:
-            stem = self.name or Path(sys.argv[0] or "python").stem or "python"
-            info = self._info or rank_info()
-            if info.rank > 0:  # no group carried this rank's record to rank 0: keep it apart
-                stem = f"{stem}-rank{info.rank}"
-            self.run_dir = rundir.new_run_dir(self.out or rundir.DEFAULT_ROOT, stem)
-        return self.run_dir
-
-    def _write_traces(self, run_dir: Path, traces: dict[str, bytes], record: RankRecord) -> None:
-        from mgprof.atomic import write_bytes_atomic
-
-        for name, data in traces.items():
-            with self.failopen.guard("writer"):
-                write_bytes_atomic(run_dir / rundir.TRACES / name, data)
-                record.traces.append(f"{rundir.TRACES}/{name}")
-
-    def _write_run(self, records: list[RankRecord], payloads: list[_RankPayload]) -> RunRecord:
-        run_dir = self._resolve_run_dir()
-        for rec, p in zip(records, payloads):
-            self._write_traces(run_dir, p.traces, rec)
-            with self.failopen.guard("samples"):
-                from mgprof.collect.sampler import write_samples_csv
-
-                if rec.sampler.devices:
-                    write_samples_csv(rec.sampler, run_dir / rundir.SAMPLES / f"rank{rec.rank}.csv")
-        info = self._info or rank_info()
-        existing = None
-        if (run_dir / rundir.RUN_JSON).exists():
-            with self.failopen.guard("writer"):
-                from mgprof.records import read_run
-
-                existing = read_run(run_dir)
-        base = existing or RunRecord(
-            run_id=run_dir.name,
-            created_utc=rundir.utc_iso(),
-            script=sys.argv[0] or None,
-            script_args=list(sys.argv[1:]),
-            world_size=info.world_size,
-            nnodes=info.nnodes,
-            status="complete",
-        )
-        errors = [r.error for r in records if r.error]
-        run = msgspec.structs.replace(
-            base,
-            strategy=records[0].strategy if records else base.strategy,
-            backend=records[0].backend if records else base.backend,
-            cpu_fallback=bool(records) and records[0].device.kind == "cpu",
-            status="incomplete" if errors else base.status,
-            error=errors[0] if errors else base.error,
-        )
-        run = rundir.merge_ranks(msgspec.structs.replace(run, ranks=[]), records)
-        with self.failopen.guard("writer"):
-            rundir.write_run(run_dir, run)
-        return run
-
-    def _cleanup_tmp(self) -> None:
-        if self._trace_tmp is not None:
-            import shutil
-
-            shutil.rmtree(self._trace_tmp, ignore_errors=True)
-            self._trace_tmp = None
-
-
-def _report_command(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "mgprof.report.files", str(run_dir)]
-
-
-def _write_report_files(run_dir: Path, run: RunRecord) -> list[str]:
-    """Analysis into run.json, report.md and report.html, written by ``mgprof.report.files`` in a
-    fresh Python process (why: that module's docstring); the names of the report files written.
-
-    In the unusual interpreter with no ``sys.executable`` (embedded), it runs in this process.
-    """
-    if not sys.executable:
-        from mgprof.report.files import write_report_files
-
-        return [p.name for p in write_report_files(run_dir, run).written]
-    import subprocess
-
-    env = dict(os.environ)
-    # appended, not prepended: an mgprof source tree only put on sys.path is found too
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), root) if p)
-    proc = subprocess.run(
-        _report_command(run_dir.resolve()),
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        check=False,
-    )
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        raise RuntimeError(
-            "report files not written: " + (lines[-1] if lines else f"exit code {proc.returncode}")
-        )
-    return [line for line in proc.stdout.splitlines() if line]
-
-
-def _quiet_env() -> bool:
-    return os.environ.get(QUIET_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _guess_strategy(info: RankInfo) -> str:
-    return "ddp" if info.world_size > 1 else "single"
-
-
-def _cuda_indices_in_use(strategy: str | None) -> list[int]:
-    """CUDA devices this process drives: all of them under DataParallel, else its own."""
-    if not torch.cuda.is_available():
-        return []
-    from mgprof.collect.wrap import devices_in_use
-
-    return devices_in_use(strategy)
-
-
-def _device_info(cuda_indices: list[int]) -> DeviceInfo:
-    if not cuda_indices:
-        import platform
-
-        return DeviceInfo(kind="cpu", name=platform.processor() or platform.machine())
-    idx = cuda_indices[0]
-    props = torch.cuda.get_device_properties(idx)
-    uuid = getattr(props, "uuid", None)
-    return DeviceInfo(
-        kind="cuda",
-        index=idx,
-        name=props.name,
-        total_memory_mib=round(props.total_memory / (1024 * 1024), 3),
-        uuid=f"GPU-{uuid}" if uuid is not None and not str(uuid).startswith("GPU-") else uuid,
-        pci_bus_id=_pci_bus_id(props),
-        capability=f"{props.major}.{props.minor}",
-    )
-
-
-def _pci_bus_id(props: Any) -> str | None:
-    try:
-        return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-    except AttributeError:
-        return None
-
-
-def _versions() -> dict[str, str | None]:
-    try:
-        from mgprof.collect.environment import versions
-
-        return {k: None if v is None else str(v) for k, v in versions().items()}
-    except Exception:
-        import platform
-
-        from mgprof import __version__
-
-        return {
-            "mgprof": __version__,
-            "python": platform.python_version(),
-            "torch": str(torch.__version__),
-            "cuda": None if torch.version.cuda is None else str(torch.version.cuda),
-        }
 
 
 # -- module-level conveniences ---------------------------------------------------------------
