@@ -287,3 +287,25 @@ def test_cpu_comm_op_nested_in_an_operator_is_not_compute(tmp_path: Path) -> Non
     # compute = [10,50] + [100,120] + [190,200] = 70; comm = 60, none of it under compute
     assert t.compute_us == pytest.approx(70.0) and t.comm_us == pytest.approx(60.0)
     assert t.overlap_us == pytest.approx(0.0) and t.exposed_comm_us == pytest.approx(60.0)
+
+
+def test_idle_breakdown_and_launch_delay(tmp_path: Path) -> None:
+    """HTA's idle categories on one stream, and device start − launch start per kernel."""
+    kernels = [  # (start, end, launch at)
+        (0.0, 10.0, -5.0),
+        (10.01, 20.0, 1.0),  # launched early, 0.01 us gap < 0.03: kernel wait
+        (30.0, 40.0, 25.0),  # launched after the previous kernel ended: host wait 10
+        (45.0, 50.0, 5.0),  # launched early, 5 us gap: other
+    ]
+    events = [ev("ProfilerStep#1", "user_annotation", -10, 70, tid=1)]
+    for i, (start, end, launch) in enumerate(kernels):
+        events.append(ev(f"k{i}", "kernel", start, end - start, tid="stream 7", correlation=i))
+        events.append(ev("cudaLaunchKernel", "cuda_runtime", launch, 1, tid=1, correlation=i))
+    s = analyze_trace_file(write(tmp_path, "rank0.pt.trace.json", events))
+    assert s.idle is not None and s.idle.streams == 1
+    assert s.idle.kernel_wait_us == pytest.approx(0.01)
+    assert s.idle.host_wait_us == pytest.approx(10.0)
+    assert s.idle.other_us == pytest.approx(5.0)
+    assert s.launch_delay is not None and s.launch_delay.events == 4
+    assert s.launch_delay.max_us == pytest.approx(40.0)
+    assert s.launch_delay.mean_us == pytest.approx((5 + 9.01 + 5 + 40) / 4)

@@ -105,6 +105,8 @@ class RankTrace:
     flops_source: str | None = None
     flops_estimate_skipped: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    dev_stream: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    """Per device row, an index of its stream (the device event's ``tid``)."""
     graph_launches: int = 0
     """``cudaGraphLaunch`` calls: kernels replayed from a CUDA graph have no launch of their own."""
     unknown_categories: dict[str, int] = field(default_factory=dict)

@@ -150,6 +150,8 @@ class _Reducer:
         self.complete = 0
         self.n_events = 0
         self.graph_launches = 0
+        self.dev_stream: list[int] = []
+        self.stream_of: dict[object, int] = {}  # device event tid (stream) -> index
         self.unknown_cats: dict[str, int] = {}
         self.tid_str: dict[object, str] = {}
         self.cat_code: dict[str | None, int] = {}  # raw ``cat`` -> KIND_* or _CAT_*
@@ -172,6 +174,7 @@ class _Reducer:
         dev_start, dev_end, dev_kind = self.dev_start, self.dev_end, self.dev_kind
         dev_corr, dev_name, dev_ext = self.dev_corr, self.dev_name, self.dev_ext
         cpu_events = self.cpu_events
+        dev_stream, stream_of = self.dev_stream, self.stream_of
         isfinite = math.isfinite
         complete = skipped = 0  # written back to self after the loop
         for ev in events:
@@ -198,6 +201,10 @@ class _Reducer:
                 name = ev.name or ""
                 start = ts - base  # type: ignore[operator]
                 row = len(dev_start)
+                stream = stream_of.get(ev.tid)
+                if stream is None:
+                    stream = stream_of[ev.tid] = len(stream_of)
+                dev_stream.append(stream)
                 dev_start.append(start)
                 dev_end.append(start + dur)  # type: ignore[operator]
                 args = ev.args
@@ -404,6 +411,7 @@ class _Reducer:
             n_events=self.n_events,
             skipped_device_events=self.skipped,
             graph_launches=self.graph_launches,
+            dev_stream=np.asarray(self.dev_stream, dtype=np.int32),
             unknown_categories=dict(self.unknown_cats),
             dev_start=np.asarray(self.dev_start, dtype=np.float64),
             dev_end=np.asarray(self.dev_end, dtype=np.float64),

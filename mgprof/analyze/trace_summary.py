@@ -30,6 +30,7 @@ from mgprof.analyze.comm import (
     summarize_collectives,
     type_unions,
 )
+from mgprof.analyze.idle import IdleBreakdown, LaunchDelay, idle_breakdown, launch_delay
 from mgprof.analyze.kernels import FlopFacts, KernelStat, TensorCoreFacts, flop_facts, top_kernels
 from mgprof.analyze.trace_load import KIND_COMM, KIND_COMPUTE, RankTrace, load_trace
 from mgprof.errors import TraceError
@@ -228,6 +229,9 @@ class RankTraceSummary(msgspec.Struct):
     not_applicable: dict[str, str]
     definitions: dict[str, str]
     health: TraceHealth | None = None
+    idle: IdleBreakdown | None = None
+    """GPU idle gaps by cause (``mgprof.analyze.idle``); None on CPU-only traces."""
+    launch_delay: LaunchDelay | None = None
 
 
 class JobTraceSummary(msgspec.Struct):
@@ -446,6 +450,8 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
         not_applicable=na,
         definitions=definitions,
         health=trace_health(rt),
+        idle=idle_breakdown(rt) if kind == "gpu" else None,
+        launch_delay=launch_delay(rt) if kind == "gpu" else None,
     )
 
 
