@@ -14,10 +14,48 @@ def register(subparsers: Any) -> None:
         description=__doc__,
     )
     parser.add_argument("--json", action="store_true", help="print the facts as JSON")
+    parser.add_argument(
+        "--bandwidth",
+        action="store_true",
+        help="measure all-reduce / all-gather / reduce-scatter bus bandwidth on this machine "
+        "(nccl-tests' formulas; NCCL on GPUs, gloo on CPU ranks)",
+    )
+    parser.add_argument(
+        "--gpus", type=int, default=2, help="ranks for --bandwidth (GPUs, or CPU ranks; default 2)"
+    )
+    parser.add_argument(
+        "--sizes",
+        default="64K,1M,16M",
+        help="message sizes for --bandwidth, bytes with K/M/G suffixes (default 64K,1M,16M)",
+    )
+    parser.add_argument("--iters", type=int, default=10, help="timed calls per size (default 10)")
     parser.set_defaults(func=run)
 
 
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``64K,1M`` → bytes; UsageError naming the bad item."""
+    from mgprof.errors import UsageError
+
+    sizes = []
+    for item in (s.strip().upper().removesuffix("B") for s in text.split(",")):
+        if not item:
+            continue
+        unit = item[-1] if item[-1] in "KMG" else ""
+        number = item[: -1 if unit else None]
+        if not number.isdigit() or int(number) < 1:
+            raise UsageError(f"--sizes: {item!r} is not a size; give e.g. 64K,1M,16M")
+        sizes.append(int(number) * _UNITS[unit])
+    if not sizes:
+        raise UsageError("--sizes is empty; give e.g. 64K,1M,16M")
+    return sizes
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.bandwidth:
+        return _bandwidth(args)
     from mgprof.collect.environment import collect_environment
 
     env = collect_environment()
@@ -27,4 +65,22 @@ def run(args: argparse.Namespace) -> int:
         from mgprof.report.doctor_view import render_doctor
 
         render_doctor(env)
+    return 0
+
+
+def _bandwidth(args: argparse.Namespace) -> int:
+    from mgprof.errors import UsageError
+    from mgprof.run.bandwidth_probe import run_probe
+
+    if args.gpus < 2:
+        raise UsageError("--bandwidth needs --gpus 2 or more: a collective needs peers")
+    if args.iters < 1:
+        raise UsageError(f"--iters must be at least 1, got {args.iters}")
+    result = run_probe(args.gpus, parse_sizes(args.sizes), iters=args.iters)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        from mgprof.report.doctor_view import render_bandwidth
+
+        render_bandwidth(result)
     return 0

@@ -123,3 +123,38 @@ def render_doctor(env: Mapping[str, Any], console: Console | None = None) -> Non
             )
     for line in env.get("probe_errors") or []:
         out.print(f"[yellow]probe failed[/yellow]: {line}", highlight=False)
+
+
+def render_bandwidth(result: Mapping[str, Any], console: Console | None = None) -> None:
+    """The measured bus bandwidth per collective and size (``mgprof doctor --bandwidth``)."""
+    console = console or Console()
+    table = Table(
+        title=(
+            f"Collective bandwidth: {result.get('world_size')} ranks, backend "
+            f"{result.get('backend')} on {result.get('device')} "
+            f"({result.get('iters')} timed calls per size)"
+        )
+    )
+    for col in ("op", "bytes", "time us", "algbw GB/s", "busbw GB/s"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for row in result.get("rows", []):
+        if not isinstance(row, Mapping):
+            continue
+        if row.get("error"):
+            table.add_row(
+                str(row.get("op")), str(row.get("bytes")), "n/a", "n/a", str(row["error"])
+            )
+            continue
+        table.add_row(
+            str(row.get("op")),
+            f"{row.get('bytes'):,}",
+            f"{row.get('time_us', 0):,.1f}",
+            f"{row.get('algbw_gbps', 0):.3f}",
+            "n/a" if row.get("busbw_gbps") is None else f"{row['busbw_gbps']:.3f}",
+        )
+    console.print(table)
+    console.print(
+        "busbw = algbw x 2(n-1)/n (all-reduce), x (n-1)/n (all-gather, reduce-scatter), as "
+        "nccl-tests; set a job's busbw (mgprof trace, the report) beside these figures",
+        highlight=False,
+    )
