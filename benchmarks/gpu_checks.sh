@@ -14,6 +14,7 @@
 #                 alone when the machine has 2+ GPUs; with one GPU it must say DP does not apply)
 #   compare       single vs DP vs DDP rows on CUDA, with the DP row
 #   sweep         a DataLoader script swept without mgprof.batch_size(): observed == requested
+#   bandwidth     `mgprof doctor --bandwidth` over NCCL (needs 2+ GPUs)
 #   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +53,11 @@ check compare 300 python3 -m mgprof compare tests/scripts/dp_tutorial.py --gpus 
   --steps 6 --out "$OUT/runs" --quiet
 check sweep 240 python3 -m mgprof sweep tests/scripts/cnn_loader.py --gpus 1 \
   --batch-sizes 16,64 --steps 3 --out "$OUT/runs" --quiet --format json
+if [ "$GPUS" -ge 2 ]; then
+  check bandwidth 180 python3 -m mgprof doctor --bandwidth --gpus "$GPUS" --sizes 1M,64M --json
+else
+  echo "bandwidth: skipped (NCCL needs a GPU per rank; $GPUS visible)" >>"$SUMMARY"
+fi
 if [ -f .gpu/capture_fixtures.py ]; then
   check fixtures 300 python3 .gpu/capture_fixtures.py "$OUT/fixtures"
 else
