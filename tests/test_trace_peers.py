@@ -227,3 +227,12 @@ def test_every_rank_gets_a_health_block() -> None:
     assert nccl.health is not None and nccl.health.comm_kernels == 2
     assert nccl.health.host_collectives == 2
     assert any("ProfilerStep" in note for note in nccl.health.notes)
+
+
+def test_per_call_message_sizes() -> None:
+    """tb-test_distributed_gloo_cpu comm_ops: 3 broadcasts of 212480 B, 2 all-reduces of
+    8196000 B: per-call sizes, not only the per-type sums."""
+    s = analyze_trace_file(PEERS / "tb-test_distributed_gloo_cpu" / "worker0.case1.json")
+    sizes = {c.type: c.sizes for c in s.collectives}
+    assert sizes["broadcast"] == [(212480, 3)]
+    assert sizes["all_reduce"] == [(8196000, 2)]

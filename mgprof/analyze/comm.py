@@ -144,6 +144,8 @@ class CollectiveStats(msgspec.Struct):
     algbw_gbps: float | None
     busbw_gbps: float | None
     not_applicable: str | None = None
+    sizes: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    """Per-call message sizes: ``[bytes, calls]`` for each distinct size, largest first."""
 
 
 def _group_size(rt: RankTrace, ca: CommArgs | None) -> int | None:
@@ -340,6 +342,14 @@ def type_unions(
     return out
 
 
+def _sizes(group: Sequence[CollectiveCall]) -> list[tuple[int, int]]:
+    counts: dict[int, int] = {}
+    for c in group:
+        if c.bytes is not None:
+            counts[c.bytes] = counts.get(c.bytes, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[0])
+
+
 def summarize_collectives(
     calls: Sequence[CollectiveCall], unions: dict[str, tuple[float, float]] | None = None
 ) -> list[CollectiveStats]:
@@ -394,6 +404,7 @@ def summarize_collectives(
                 algbw_gbps=algbw,
                 busbw_gbps=busbw,
                 not_applicable=reason,
+                sizes=_sizes(group),
             )
         )
     out.sort(key=lambda s: -(s.total_us or 0.0))
@@ -420,6 +431,7 @@ def _launch_only_stats(kind: str, group: Sequence[CollectiveCall]) -> Collective
         algbw_gbps=None,
         busbw_gbps=None,
         not_applicable=LAUNCH_ONLY_REASON,
+        sizes=_sizes(group),
     )
 
 
