@@ -1,0 +1,99 @@
+"""Section, Table, n/a footnotes and number formats: the parts every run-report section shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mgprof.analyze.readers import as_dict as _dict
+from mgprof.analyze.readers import num as _num
+
+Fmt = Callable[[float], str]
+
+
+def fixed(digits: int) -> Fmt:
+    return lambda v: f"{v:,.{digits}f}"
+
+
+def ms_from_us(v: float) -> str:
+    return f"{v / 1000.0:,.2f}"
+
+
+@dataclass
+class Table:
+    """Column headers and rows of already formatted cells."""
+
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    numeric_from: int = 1
+    """Columns from this index on hold numbers (right-aligned); before it, labels."""
+
+
+@dataclass
+class Section:
+    """One report section: key/value facts, tables, a highlighted notice, plain notes."""
+
+    title: str
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    notice: str | None = None
+    """Must not be missed (CPU fallback): renderers show it as a panel or a callout."""
+    notes: list[str] = field(default_factory=list)
+    footnotes: list[str] = field(default_factory=list)
+    findings: list[dict[str, str]] = field(default_factory=list)
+
+
+class Footnotes:
+    """Numbers each distinct (figure, reason) once per section and lists who it applies to."""
+
+    def __init__(self) -> None:
+        self._index: dict[tuple[str, str], int] = {}
+        self._who: dict[tuple[str, str], list[str]] = {}
+
+    def mark(self, figure: str, reason: str, who: str) -> str:
+        key = (figure, reason)
+        if key not in self._index:
+            self._index[key] = len(self._index) + 1
+            self._who[key] = []
+        if who and who not in self._who[key]:
+            self._who[key].append(who)
+        return f"n/a [{self._index[key]}]"
+
+    def lines(self) -> list[str]:
+        out = []
+        for (figure, reason), k in self._index.items():
+            who = ", ".join(self._who[(figure, reason)])
+            out.append(f"[{k}] {figure}" + (f" ({who})" if who else "") + f": {reason}")
+        return out
+
+
+class Cells:
+    """Formats the figures of one record (a rank or the job), n/a with a footnote when None."""
+
+    def __init__(self, notes: Footnotes, record: Mapping[str, Any], who: str) -> None:
+        self._notes = notes
+        self._na = _dict(record.get("not_applicable"))
+        self._who = who
+
+    def reason(self, *keys: str) -> str:
+        for key in keys:
+            if isinstance(self._na.get(key), str):
+                return str(self._na[key])
+        return "not computed by this analysis"
+
+    def get(
+        self, value: Any, fmt: Fmt, figure: str, *reason_keys: str, label: str | None = None
+    ) -> str:
+        num = _num(value)
+        if num is None:
+            return self._notes.mark(label or figure, self.reason(figure, *reason_keys), self._who)
+        return fmt(num)
+
+
+def job_of(analysis: Mapping[str, Any]) -> dict[str, Any]:
+    return _dict(analysis.get("job"))
+
+
+def who_of(rank: Mapping[str, Any]) -> str:
+    return f"rank {rank.get('rank', '?')}"
