@@ -185,9 +185,26 @@ def test_slowest_rank_and_spread() -> None:
     assert job["slowest_rank"] == 1 and job["slowest_mean_step_ms"] == 30.0
     assert job["fastest_mean_step_ms"] == 25.0
     assert job["step_time_spread_pct"] == pytest.approx(20.0)
+    assert job["slowest_rank_basis"] == "highest mean step time"
     single = analyze_run(run_of(rank(0, world=1)), None)
     assert single["job"]["slowest_rank"] is None
     assert "fewer than two ranks" in single["job"]["not_applicable"]["slowest_rank"]
+
+
+def test_slowest_rank_follows_the_collectives_when_traces_matched_them() -> None:
+    """One definition with ``mgprof trace``: the rank the others wait for. Mean step times of
+    lock-stepped ranks differ by noise, so they only decide without matched collectives."""
+    from mgprof.analyze.run_analysis import analyze_rank, job_analysis
+
+    slow = steps([1.0, 30.0, 30.0, 30.0])
+    run = run_of(rank(0), rank(1, steps=slow), rank(2))
+    from mgprof.analyze.run_traces import RunTraces
+
+    ranks = [analyze_rank(r, RunTraces()) for r in run.ranks]
+    job = job_analysis(run, ranks, {"slowest_rank": 2})
+    assert job.slowest_rank == 2 and job.slowest_mean_step_ms == pytest.approx(25.0)
+    assert job.slowest_rank_basis == "last to arrive at collectives (traces)"
+    assert job.step_time_spread_pct == pytest.approx(20.0)  # still from the step times
 
 
 def test_identical_batches_detected_across_ranks() -> None:

@@ -70,7 +70,7 @@ def analyze_run(
     """
     traces = analyze_traces(run, run_dir, trace_analyzer)
     ranks = [analyze_rank(rec, traces) for rec in sorted(run.ranks, key=lambda r: r.rank)]
-    job = job_analysis(run, ranks)
+    job = job_analysis(run, ranks, traces.job if isinstance(traces.job, dict) else None)
     return {
         "version": ANALYSIS_VERSION,
         "ranks": [msgspec.to_builtins(r) for r in ranks],

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -14,7 +15,9 @@ from mgprof.analyze.stats import ratio_pct, spread_pct
 from mgprof.records import RunRecord
 
 
-def job_analysis(run: RunRecord, ranks: Sequence[RankAnalysis]) -> JobAnalysis:
+def job_analysis(
+    run: RunRecord, ranks: Sequence[RankAnalysis], trace_job: Mapping[str, Any] | None = None
+) -> JobAnalysis:
     """The job figures of ``run`` from its records and its ranks' figures."""
     sync = grad_sync(run)
     job = JobAnalysis(
@@ -28,7 +31,7 @@ def job_analysis(run: RunRecord, ranks: Sequence[RankAnalysis]) -> JobAnalysis:
     _job_throughput(run, ranks, job)
     _job_energy(run, ranks, job)
     _job_dataloader(run, job)
-    _job_slowest(ranks, job)
+    _job_slowest(ranks, job, trace_job)
     _job_identical_batches(run, job)
     _cpu_fallback(run, job)
     return job
@@ -98,7 +101,13 @@ def _job_dataloader(run: RunRecord, job: JobAnalysis) -> None:
         job.not_applicable["dataloader_share_pct"] = "DataLoader wait was not timed on any rank"
 
 
-def _job_slowest(ranks: Sequence[RankAnalysis], job: JobAnalysis) -> None:
+def _job_slowest(
+    ranks: Sequence[RankAnalysis], job: JobAnalysis, trace_job: Mapping[str, Any] | None
+) -> None:
+    """One definition of the slowest rank (also ``mgprof trace``'s): the rank the others wait
+    for, i.e. the one that arrives last in the most matched collective calls; without matched
+    collectives, the rank with the highest mean steady-state step time (ranks of a DDP job step
+    in lock-step, so their mean step times differ by noise and rank order flips between runs)."""
     timed = [(r.step_time_ms.mean, r.rank) for r in ranks if r.step_time_ms is not None]
     if len(timed) < 2:
         why = "fewer than two ranks with step times: nothing to compare"
@@ -108,6 +117,12 @@ def _job_slowest(ranks: Sequence[RankAnalysis], job: JobAnalysis) -> None:
     slow_ms, slow_rank = max(timed)
     fast_ms, fast_rank = min(timed)
     job.slowest_rank, job.slowest_mean_step_ms = slow_rank, slow_ms
+    job.slowest_rank_basis = "highest mean step time"
+    last = (trace_job or {}).get("slowest_rank")
+    mean_of = dict((rank, ms) for ms, rank in timed)
+    if isinstance(last, int) and last in mean_of:
+        job.slowest_rank, job.slowest_mean_step_ms = last, mean_of[last]
+        job.slowest_rank_basis = "last to arrive at collectives (traces)"
     job.fastest_rank, job.fastest_mean_step_ms = fast_rank, fast_ms
     job.step_time_spread_pct = spread_pct([t for t, _ in timed])
     if job.step_time_spread_pct is None:

@@ -62,7 +62,10 @@ DEFINITIONS: dict[str, str] = {
         "where the wait falls inside the step (prof.step() calls, mgprof analyze's automatic "
         "steps) and step time + wait for `with prof.step():` blocks, which exclude the wait"
     ),
-    "slowest_rank": "the rank with the highest mean steady-state step time",
+    "slowest_rank": "the rank the others wait for: it arrives last in the most matched "
+    "collective calls (ties: least total wait); without matched collectives, the rank with the "
+    "highest mean steady-state step time; slowest_rank_basis says which (mgprof trace uses the "
+    "same definition, collectives only)",
     "step_time_spread_pct": (
         "100 * (highest - lowest) / lowest of the ranks' mean steady-state step times"
     ),
@@ -176,6 +179,7 @@ class JobAnalysis(_Out):
     dataloader_share_pct: float | None = None
     slowest_rank: int | None = None
     slowest_mean_step_ms: float | None = None
+    slowest_rank_basis: str | None = None
     fastest_rank: int | None = None
     fastest_mean_step_ms: float | None = None
     step_time_spread_pct: float | None = None

@@ -279,8 +279,13 @@ def slowest_section(analysis: Mapping[str, Any]) -> Section:
     two = fixed(2)
     slow = job.get("slowest_rank")
     if isinstance(slow, int):
+        basis = job.get("slowest_rank_basis")
+        how = f"; {basis}" if isinstance(basis, str) else ""
         sec.facts.append(
-            ("slowest rank", f"{slow} (mean step {two(float(job['slowest_mean_step_ms']))} ms)")
+            (
+                "slowest rank",
+                f"{slow} (mean step {two(float(job['slowest_mean_step_ms']))} ms{how})",
+            )
         )
         fast = job.get("fastest_rank")
         fast_ms = _num(job.get("fastest_mean_step_ms"))
