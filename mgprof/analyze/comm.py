@@ -24,18 +24,33 @@ Definitions (also returned by name in every result):
   with the least wait in a call arrived last; the *slowest rank* is the one that arrives last most
   often (ties: the least total wait). Durations are used, not start times, so host clocks that
   disagree across machines do not matter.
+
+The type names, bus-bandwidth factors and the call/stats records live in
+:mod:`mgprof.analyze.comm_types`, the cross-rank matching in :mod:`mgprof.analyze.comm_cross_rank`;
+both are re-exported here.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import TypeVar
 
-import msgspec
 import numpy as np
 
 from mgprof.analyze import intervals as iv
+from mgprof.analyze.comm_cross_rank import (
+    CrossRankCollective,
+    CrossRankSummary,
+    RankWait,
+    cross_rank,
+)
+from mgprof.analyze.comm_types import (
+    CollectiveCall,
+    CollectiveStats,
+    busbw_factor,
+    collective_type,
+    has_busbw,
+)
 from mgprof.analyze.intervals import FloatArray
 from mgprof.analyze.rank_trace import CpuCommOp
 from mgprof.analyze.trace_load import KIND_COMM, KIND_COMPUTE, CommArgs, RankTrace, dtype_bytes
@@ -55,97 +70,6 @@ __all__ = [
     "gpu_collective_calls",
     "summarize_collectives",
 ]
-
-# Order matters: the specific names before their substrings (reduce_scatter before reduce).
-_TYPE_PATTERNS: tuple[tuple[str, str], ...] = (
-    ("allreduce", "all_reduce"),
-    ("allgather", "all_gather"),
-    ("reducescatter", "reduce_scatter"),
-    ("alltoall", "all_to_all"),
-    ("broadcast", "broadcast"),
-    ("bcast", "broadcast"),
-    ("sendrecv", "send_recv"),
-    ("barrier", "barrier"),
-    ("send", "send"),
-    ("recv", "recv"),
-    ("reduce", "reduce"),
-    ("gather", "gather"),
-    ("scatter", "scatter"),
-)
-_NON_ALNUM = re.compile(r"[^a-z0-9]")
-
-
-def collective_type(name: str) -> str:
-    """Normalise a kernel / op / ``Collective name`` to one type; ``other`` when unknown."""
-    low = name.lower()
-    for prefix in ("nccl:", "gloo:", "c10d::"):
-        low = low.removeprefix(prefix)
-    # Kernel names carry their collective before the argument list.
-    key = _NON_ALNUM.sub("", low.split("(", 1)[0])
-    for needle, kind in _TYPE_PATTERNS:
-        if needle in key:
-            return kind
-    return "other"
-
-
-_FACTORS = {
-    "all_reduce": lambda n: 2.0 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,
-    "recv": lambda n: 1.0,
-    "send_recv": lambda n: 1.0,
-}
-
-
-def busbw_factor(kind: str, n: int | None) -> float | None:
-    """nccl-tests bus-bandwidth factor, or None when it does not apply / n is unknown."""
-    f = _FACTORS.get(kind)
-    if f is None:
-        return None
-    if kind in ("broadcast", "reduce", "send", "recv", "send_recv"):
-        return 1.0
-    if n is None or n < 1:
-        return None
-    return float(f(n))
-
-
-class CollectiveCall(msgspec.Struct, frozen=True):
-    """One collective call on one rank (kept so ranks can be matched after analysis)."""
-
-    type: str
-    start_us: float
-    dur_us: float
-    exposed_us: float
-    bytes: int | None
-    group_size: int | None
-    pg: str | None
-    seq: str | None
-    launch_only: bool = False
-    """An ``nccl:*`` CPU op in a trace without device events: the host-side launch of an
-    asynchronous GPU collective. Its count and size are real; its span is not a transfer."""
-
-
-class CollectiveStats(msgspec.Struct):
-    """Per-type totals on one rank; bandwidths are total bytes / total time of the type.
-
-    ``total_us``/``exposed_us`` are None for launch-only calls (``not_applicable`` says why).
-    """
-
-    type: str
-    count: int
-    total_us: float | None
-    exposed_us: float | None
-    bytes: int | None
-    group_size: int | None
-    algbw_gbps: float | None
-    busbw_gbps: float | None
-    not_applicable: str | None = None
-    sizes: list[tuple[int, int]] = msgspec.field(default_factory=list)
-    """Per-call message sizes: ``[bytes, calls]`` for each distinct size, largest first."""
 
 
 def _group_size(rt: RankTrace, ca: CommArgs | None) -> int | None:
@@ -387,7 +311,7 @@ def summarize_collectives(
             algbw = nbytes / (total * 1e-6) / 1e9
             factor = busbw_factor(kind, n)
             if factor is None:
-                if kind not in _FACTORS:
+                if not has_busbw(kind):
                     reason = f"nccl-tests defines no bus bandwidth for {kind}"
                 else:
                     reason = "group size unknown (not in the args or distributedInfo.pg_config)"
@@ -432,93 +356,4 @@ def _launch_only_stats(kind: str, group: Sequence[CollectiveCall]) -> Collective
         busbw_gbps=None,
         not_applicable=LAUNCH_ONLY_REASON,
         sizes=_sizes(group),
-    )
-
-
-class RankWait(msgspec.Struct):
-    """One rank's share of cross-rank waiting."""
-
-    rank: int
-    wait_us: float
-    last_arrivals: int
-
-
-class CrossRankCollective(msgspec.Struct):
-    """Matched calls of one type across ranks."""
-
-    type: str
-    matched: int
-    transfer_us: float
-    wait_us_by_rank: dict[str, float]
-
-
-class CrossRankSummary(msgspec.Struct):
-    """Cross-rank matching result (see module docstring for each definition)."""
-
-    ranks: list[int]
-    match_key: str
-    matched_calls: int
-    unmatched_calls: int
-    per_type: list[CrossRankCollective]
-    per_rank: list[RankWait]
-    slowest_rank: int | None
-
-
-def _keys(calls: Sequence[CollectiveCall], by_seq: bool) -> dict[tuple[str, str, str], int]:
-    out: dict[tuple[str, str, str], int] = {}
-    counters: dict[str, int] = {}
-    for i, c in enumerate(calls):
-        if by_seq:
-            out[(c.type, c.pg or "", c.seq or "")] = i
-        else:
-            k = counters.get(c.type, 0)
-            counters[c.type] = k + 1
-            out[(c.type, "", str(k))] = i
-    return out
-
-
-def cross_rank(per_rank: dict[int, Sequence[CollectiveCall]]) -> CrossRankSummary | None:
-    """Match calls across ranks and split each into transfer and waiting (module docstring)."""
-    # launch-only calls (nccl:* ops without device events) have no transfer to split
-    per_rank = {r: [c for c in calls if not c.launch_only] for r, calls in per_rank.items()}
-    ranks = sorted(per_rank)
-    if len(ranks) < 2:
-        return None
-    by_seq = all(c.seq is not None for r in ranks for c in per_rank[r]) and any(
-        per_rank[r] for r in ranks
-    )
-    keyed = {r: _keys(sorted(per_rank[r], key=lambda c: c.start_us), by_seq) for r in ranks}
-    ordered = {r: sorted(per_rank[r], key=lambda c: c.start_us) for r in ranks}
-    common = set.intersection(*(set(k) for k in keyed.values()))
-    total_calls = sum(len(v) for v in per_rank.values())
-    wait = {r: 0.0 for r in ranks}
-    last = {r: 0 for r in ranks}
-    per_type: dict[str, tuple[int, float, dict[int, float]]] = {}
-    for key in sorted(common):
-        durs = {r: ordered[r][keyed[r][key]].dur_us for r in ranks}
-        transfer = min(durs.values())
-        waits = {r: durs[r] - transfer for r in ranks}
-        if max(waits.values()) > 0:
-            last[min(ranks, key=lambda r: waits[r])] += 1
-        n, t, w = per_type.get(key[0], (0, 0.0, {r: 0.0 for r in ranks}))
-        for r in ranks:
-            wait[r] += waits[r]
-            w[r] += waits[r]
-        per_type[key[0]] = (n + 1, t + transfer, w)
-    slowest = None
-    if common and any(last.values()):
-        slowest = max(ranks, key=lambda r: (last[r], -wait[r]))
-    return CrossRankSummary(
-        ranks=ranks,
-        match_key="process group + Seq" if by_seq else "order within each collective type",
-        matched_calls=len(common),
-        unmatched_calls=total_calls - len(common) * len(ranks),
-        per_type=[
-            CrossRankCollective(
-                type=k, matched=n, transfer_us=t, wait_us_by_rank={str(r): w[r] for r in ranks}
-            )
-            for k, (n, t, w) in sorted(per_type.items())
-        ],
-        per_rank=[RankWait(rank=r, wait_us=wait[r], last_arrivals=last[r]) for r in ranks],
-        slowest_rank=slowest,
     )

@@ -1,0 +1,207 @@
+"""The end of a launch: the run record's final status, exit code and one-line failure.
+
+``finalize`` merges what the ranks left in the run directory (the gathered run.json or per-rank
+partials) with what the launcher knows (exit code, torchrun's failure lines, the stderr tail) and
+writes run.json; ``_failure`` builds the line naming the rank that failed first, of what, and
+where its log is. The analysis and report files come after, in ``finish.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import msgspec
+
+from mgprof import rundir
+from mgprof.errors import UsageError
+from mgprof.records import RankExit, RunRecord, read_run
+from mgprof.report.failure_summary import (
+    NO_STEP,
+    TRACEBACK_HEAD,
+    exception_text,
+    first_failure,
+)
+from mgprof.run.failures import (
+    collective_of,
+    describe_exit,
+    describe_exits,
+    last_meaningful,
+    parse_torchrun_failures,
+    signal_name,
+)
+from mgprof.run.ranklog import LOGS_DIR
+
+
+def finalize(
+    run_dir: Path,
+    initial: RunRecord,
+    code: int,
+    stderr_tail: list[str],
+    interrupted: bool,
+    torchrun_lines: list[str] | None = None,
+) -> RunRecord:
+    """Merge what the ranks left (gathered run.json or per-rank partials) and set the status.
+
+    In a multi-node job the ranks send their records to rank 0, which may live on any node
+    (c10d rendezvous assigns ranks by arrival): a node without rank 0 expects an empty run here,
+    and only its exit code decides.
+    """
+    try:
+        run = read_run(run_dir)
+    except UsageError:
+        run = initial
+    run = msgspec.structs.replace(run, world_size=initial.world_size)
+    run = rundir.merge_ranks(run, rundir.read_partials(run_dir))
+    satellite = initial.nnodes > 1 and not any(r.rank == 0 for r in run.ranks)
+    rank_errors = [_rank_error(r.rank, r.error) for r in run.ranks if r.error]
+    exits = parse_torchrun_failures(torchrun_lines or [], single_node=initial.nnodes == 1)
+    # exit code 0 and no rank reported: the script never reached an optimizer step (it resumed
+    # from a finished checkpoint, had no data...); no failure, and no "missing ranks" either
+    nothing = code == 0 and not interrupted and not satellite and not run.ranks
+    error = None
+    if interrupted:
+        error = "interrupted (Ctrl-C)"
+    elif code != 0:
+        errors = {r.rank: r.error for r in run.ranks if r.error}
+        error = _failure(code, exits, stderr_tail, errors, run_dir, initial.world_size)
+    elif rank_errors:
+        error = rank_errors[0]
+    elif nothing:
+        error = f"{NO_STEP} (exit code 0)"
+        run = msgspec.structs.replace(run, missing_ranks=[])
+    if run.missing_ranks and not satellite and not interrupted:
+        missing = f"no record from rank(s) {', '.join(map(str, run.missing_ranks))}"
+        error = missing if error is None else f"{error}; {missing}"
+    status = "complete" if error is None else "incomplete"
+    run = msgspec.structs.replace(
+        run,
+        status=status,
+        error=error,
+        exit_code=code,
+        strategy=initial.strategy,
+        world_size=initial.world_size,
+        nnodes=initial.nnodes,
+        backend=run.backend or initial.backend,
+        cpu_fallback=initial.cpu_fallback,
+        cpu_fallback_reason=initial.cpu_fallback_reason,
+        script=initial.script,
+        script_args=initial.script_args,
+        rank_exits=exits,
+    )
+    try:
+        rundir.write_run(run_dir, run)
+    except OSError as exc:  # the folder went away or read-only mid-run: the script's result stands
+        print(
+            f"mgprof: error: cannot write {run_dir / rundir.RUN_JSON}: {exc.strerror}; "
+            "the run's record is lost, the script's own outputs and exit code are not",
+            file=sys.stderr,
+        )
+    return run
+
+
+def _rank_error(rank: int, error: str) -> str:
+    """``rank 0: RuntimeError: ... Timed out ... (in all_reduce)``: the exception (or the first
+    line), and the collective the traceback failed in, since gloo's and NCCL's messages rarely
+    name it."""
+    return f"rank {rank}: {_exception(error)}"
+
+
+def _exception(error: str) -> str:
+    """``ValueError: bad batch (in all_reduce)`` from a rank's error text (its first line when
+    it holds no traceback), with the collective it failed in, if any."""
+    text = (exception_text(error) or error.strip().splitlines()[0]) if error.strip() else "?"
+    collective = collective_of(error)
+    return f"{text} (in {collective})" if collective else text
+
+
+LOG_TAIL_BYTES = 64 * 1024
+"""How much of the end of a rank's log is searched for its traceback."""
+
+
+def _log_exception(log: Path) -> str | None:
+    """The exception a rank's log ends with (a rank that failed before recording anything)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    start = text.rfind(TRACEBACK_HEAD)
+    if start < 0 or exception_text(text[start:]) is None:
+        return None
+    return _exception(text[start:])  # the last traceback only: its collective, its exception
+
+
+def _rank_said(
+    rank: int, exit_code: int, errors: dict[int, str], run_dir: Path
+) -> tuple[str | None, Path | None]:
+    """What one rank died of (from its record, else from its log) and its log, if there."""
+    log = run_dir / LOGS_DIR / f"rank{rank}.log"
+    try:
+        log_there = log.is_file()
+    except OSError:
+        log_there = False
+    said = errors.get(rank)
+    if said and exception_text(said):
+        return _exception(said), log if log_there else None
+    # no traceback recorded: the log's last one, unless a signal ended the rank (a traceback in
+    # its log would then be an older, handled one)
+    if log_there and 0 < exit_code < 128:
+        found = _log_exception(log)
+        if found:
+            return found, log
+    return None, log if log_there else None
+
+
+def _failure(
+    code: int,
+    exits: list[RankExit],
+    stderr_tail: list[str],
+    errors: dict[int, str],
+    run_dir: Path,
+    world_size: int = 1,
+) -> str:
+    """One line on a failed launch: which rank failed first, of what, and where its log is::
+
+        script exited with code 1: rank 1 failed first: ValueError: bad batch shape
+        (log: runs/.../logs/rank1.log); then rank 0 exited with code 143 (SIGTERM)
+
+    The first rank is torchrun's root cause unless that rank died of a peer's failure
+    (``first_failure``); its exception comes from its record, else from its log.
+    """
+    if code < 0:
+        head = f"script was killed by {signal_name(code) or f'signal {-code}'} (exit code {code})"
+    else:
+        head = f"script exited with code {code}"
+    rank_lines = [f"rank {r}: {_exception(e)}" for r, e in sorted(errors.items())]
+    timeouts = [e for e in rank_lines if "timed out" in e.lower() or "timeout" in e.lower()]
+    hint = " (a rank stopped answering; raise --collective-timeout if it was only slow)"
+    first = first_failure(exits, errors) if exits else None
+    if first is not None and first.rank is not None:
+        said, log = _rank_said(first.rank, first.exit_code, errors, run_dir)
+        detail = f"rank {first.rank} failed first: {said}" if said else describe_exit(first)
+        if log is not None:
+            detail += f" (log: {log})"
+        rest = [describe_exit(e) for e in exits if e is not first]
+        if rest:
+            detail += f"; then {', '.join(rest)}"
+        if not said:
+            others = timeouts or [e for e in rank_lines if "(in " in e]
+            if others:
+                detail += f"; {others[0]}"
+        return f"{head}: {detail}{hint if timeouts else ''}"
+    if exits:  # multi-node: torchrun named local ranks only
+        detail = describe_exits(exits)
+        said_list = timeouts or [e for e in rank_lines if "(in " in e]
+        if said_list:
+            detail += f"; {said_list[0]}"
+        return f"{head}: {detail}{hint if timeouts else ''}"
+    if world_size == 1:  # one process: rank 0 is the script
+        said, log = _rank_said(0, code, errors, run_dir)
+        if said:
+            return f"{head}: {said}" + (f" (log: {log})" if log is not None else "")
+    last = last_meaningful(stderr_tail)
+    return f"{head}: {last}" if last else head
