@@ -5,14 +5,18 @@ figure that does not apply is None and ``not_applicable`` gives the reason; ``de
 the definition of each figure so it can be set beside HTA's or the TensorBoard plugin's.
 Ranks are analysed one at a time (or one per worker process), and each worker returns only its
 summary, so memory stays bounded by one rank's trace per process.
+
+This module holds the per-rank summary; the health block is in :mod:`.trace_health`, and the
+job level (finding a folder's traces, :func:`analyze_job`, :class:`JobTraceSummary`) is in
+:mod:`.trace_job`, which imports this module: its names are re-exported here lazily (on first
+use) so the import points one way.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -23,26 +27,34 @@ from mgprof.analyze.comm import (
     LAUNCH_ONLY_REASON,
     CollectiveCall,
     CollectiveStats,
-    CrossRankSummary,
     cpu_collective_calls,
-    cross_rank,
     gpu_collective_calls,
     summarize_collectives,
     type_unions,
 )
 from mgprof.analyze.idle import IdleBreakdown, LaunchDelay, idle_breakdown, launch_delay
 from mgprof.analyze.kernels import FlopFacts, KernelStat, TensorCoreFacts, flop_facts, top_kernels
-from mgprof.analyze.trace_load import KIND_COMM, KIND_COMPUTE, RankTrace, load_trace
-from mgprof.errors import TraceError
+from mgprof.analyze.trace_health import TraceHealth, trace_health
+from mgprof.analyze.trace_load import KIND_COMPUTE, RankTrace, load_trace
+
+if TYPE_CHECKING:
+    from mgprof.analyze.trace_job import (
+        JobTraceSummary,
+        analyze_job,
+        execution_trace_reason,
+        find_trace_files,
+    )
 
 __all__ = [
     "DEFINITIONS",
     "JobTraceSummary",
     "RankTraceSummary",
     "StepSummary",
+    "TraceHealth",
     "TraceTotals",
     "analyze_job",
     "analyze_trace_file",
+    "execution_trace_reason",
     "find_trace_files",
 ]
 
@@ -101,7 +113,9 @@ DEFINITIONS_COMMON = {
     "collectives.exposed_us": "call duration minus the part covered by compute",
     "cross_rank.transfer_us": "per matched call: shortest duration over the ranks",
     "cross_rank.wait_us": "per rank and matched call: its duration − transfer_us",
-    "slowest_rank": "the rank that arrives last (least wait) in the most matched calls",
+    "slowest_rank": "the rank the others wait for: it arrives last (least wait) in the most "
+    "matched calls (the same definition as the run report's, which falls back to the highest "
+    "mean step time only without matched collectives)",
 }
 
 
@@ -149,63 +163,6 @@ class StepSummary(msgspec.Struct):
     not_applicable: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class TraceHealth(msgspec.Struct):
-    """What the trace gave the analysis to work with: read this before trusting a figure.
-
-    A figure whose inputs are missing here is null with its reason in ``not_applicable``.
-    """
-
-    steps_found: int
-    rank_found: bool
-    rank_source: str
-    comm_kernels: int
-    """Device events classified as communication (names matching nccl/rccl, any case)."""
-    host_collectives: int
-    """``gloo:*`` / ``nccl:*`` CPU ops."""
-    device_events_without_launch: int
-    """Device events whose correlation matches no runtime/driver call in the trace."""
-    graph_launches: int
-    unknown_categories: dict[str, int]
-    events_dropped: int
-    """Device events with a missing or negative ``dur``, left out of every figure."""
-    notes: list[str]
-
-
-def trace_health(rt: RankTrace) -> TraceHealth:
-    """The health block of one rank's trace (see ``TraceHealth``)."""
-    corr = rt.dev_corr
-    if corr.size and rt.launch_corr.size:
-        launched = np.isin(corr, rt.launch_corr)
-        orphans = int(np.count_nonzero(~launched))
-    else:
-        orphans = int(corr.size)
-    notes = []
-    if rt.has_device_events and not rt.steps:
-        notes.append("no ProfilerStep#N spans: no per-step figures")
-    if rt.has_device_events and rt.launch_corr.size == 0:
-        notes.append("no runtime/driver launches: device events cannot be given to steps")
-    if rt.graph_launches:
-        notes.append(
-            f"{rt.graph_launches} CUDA graph launches: their kernels share one launch, so "
-            "per-step attribution counts each graph replay's kernels in the replay's step"
-        )
-    if rt.unknown_categories:
-        cats = ", ".join(f"{c or '(none)'} ({n})" for c, n in sorted(rt.unknown_categories.items()))
-        notes.append(f"event categories mgprof does not know, counted as host events: {cats}")
-    return TraceHealth(
-        steps_found=len(rt.steps),
-        rank_found=rt.rank is not None,
-        rank_source=rt.rank_source,
-        comm_kernels=int(np.count_nonzero(rt.dev_kind == KIND_COMM)),
-        host_collectives=len(rt.cpu_comm_ops),
-        device_events_without_launch=orphans,
-        graph_launches=rt.graph_launches,
-        unknown_categories=dict(rt.unknown_categories),
-        events_dropped=rt.skipped_device_events,
-        notes=notes,
-    )
-
-
 class RankTraceSummary(msgspec.Struct):
     """Everything mgprof reports about one rank's trace file."""
 
@@ -232,17 +189,6 @@ class RankTraceSummary(msgspec.Struct):
     idle: IdleBreakdown | None = None
     """GPU idle gaps by cause (``mgprof.analyze.idle``); None on CPU-only traces."""
     launch_delay: LaunchDelay | None = None
-
-
-class JobTraceSummary(msgspec.Struct):
-    """All ranks of one folder, plus the cross-rank collective comparison."""
-
-    directory: str
-    ranks: list[RankTraceSummary]
-    cross_rank: CrossRankSummary | None
-    slowest_rank: int | None
-    not_applicable: dict[str, str]
-    definitions: dict[str, str]
 
 
 def _pct(x: float | None, window: float) -> float | None:
@@ -455,129 +401,15 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
     )
 
 
-_PATTERNS = ("*.json", "*.json.gz")
+# trace_job imports this module, so its names are loaded on first use rather than at import
+_JOB_EXPORTS = frozenset(
+    {"JobTraceSummary", "analyze_job", "execution_trace_reason", "find_trace_files"}
+)
 
 
-_SNIFF_BYTES = 64 * 1024
-
-
-def execution_trace_reason(path: Path) -> str | None:
-    """Why ``path`` is a PyTorch execution trace (``ExecutionTraceObserver``'s graph of nodes,
-    written beside the Kineto trace), or None when it is not one or cannot be told cheaply."""
-    name = path.name
-    if name.endswith(("_et.json", "_et.json.gz")):
-        return "named like a PyTorch execution trace (*_et.json)"
-    try:
-        if name.endswith(".gz"):
-            import gzip
-
-            with gzip.open(path, "rb") as fh:
-                head = fh.read(_SNIFF_BYTES)
-        else:
-            with open(path, "rb") as fh:
-                head = fh.read(_SNIFF_BYTES)
-    except (OSError, EOFError):
-        return None  # unreadable: load_trace says what is wrong with it
-    if b'"traceEvents"' not in head and b'"nodes"' in head and b'"schema"' in head:
-        return "a PyTorch execution trace (a graph of nodes, no traceEvents)"
-    return None
-
-
-def _traces_in(folder: Path, skipped: list[str] | None = None) -> list[Path]:
-    found: set[Path] = set()
-    for pattern in _PATTERNS:
-        found.update(p for p in folder.glob(pattern) if p.is_file())
-    kept = []
-    for path in sorted(found):
-        why = execution_trace_reason(path)
-        if why is None:
-            kept.append(path)
-        elif skipped is not None:
-            skipped.append(f"{path.name}: {why}, not a Kineto trace; skipped")
-    return kept
-
-
-def find_trace_files(
-    paths: Iterable[str | Path], skipped: list[str] | None = None
-) -> dict[str, list[Path]]:
-    """Group trace files by folder: a folder's ``*.json[.gz]`` (else its ``traces/``), or files.
-
-    Each folder is taken to hold one job's ranks, as torch.profiler's tensorboard handler writes
-    them; a folder with no trace raises TraceError, as does a path that does not exist. In a
-    folder, execution traces (``*_et.json.gz``) are skipped, each with a line in ``skipped``.
-    """
-    groups: dict[str, list[Path]] = {}
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            files = _traces_in(p, skipped) or (
-                _traces_in(p / "traces", skipped) if (p / "traces").is_dir() else []
-            )
-            if not files:
-                raise TraceError(
-                    f"{p}: folder holds no *.json or *.json.gz trace (nor does {p / 'traces'}); "
-                    "pass the folder torch.profiler wrote"
-                )
-            groups.setdefault(str(files[0].parent), []).extend(files)
-        elif p.is_file():
-            groups.setdefault(str(p.parent), []).append(p)
-        else:
-            raise TraceError(f"{p}: no such file or folder; check the path")
-    return {k: sorted(set(v)) for k, v in groups.items()}
-
-
-def _one_job(ranks: list[RankTraceSummary]) -> str | None:
-    """Why the ranks cannot be compared as one job, or None when they can."""
-    if len(ranks) < 2:
-        return "one rank only"
-    ids = [r.rank for r in ranks]
-    if any(i is None for i in ids):
-        return "some files have no rank (no distributedInfo.rank, no rank in the file name)"
-    if len(set(ids)) != len(ids):
-        return "two files claim the same rank, so they are not one job"
-    sizes = {r.world_size for r in ranks if r.world_size is not None}
-    if len(sizes) > 1:
-        return "files disagree on world_size, so they are not one job"
-    if len({r.kind for r in ranks}) > 1:
-        return "GPU and CPU-only traces mixed, so collectives cannot be matched"
-    return None
-
-
-def analyze_job(
-    files: Sequence[str | Path], top: int = 10, workers: int | None = None
-) -> JobTraceSummary:
-    """Analyse every rank file, then match collectives across ranks.
-
-    With several files and ``workers`` > 1 (default: CPU count), ranks are analysed in worker
-    processes that return only their summaries.
-    """
-    paths = [Path(f) for f in files]
-    if not paths:
-        raise TraceError("no trace files given; pass a trace file or a folder of them")
-    n_workers = min(len(paths), workers if workers is not None else (os.cpu_count() or 1))
-    if n_workers > 1:
-        with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            ranks = list(pool.map(analyze_trace_file, paths, [top] * len(paths)))
-    else:
-        ranks = [analyze_trace_file(p, top) for p in paths]
-    ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.source))
-    na: dict[str, str] = {}
-    why_not = _one_job(ranks)
-    summary: CrossRankSummary | None = None
-    if why_not is None:
-        summary = cross_rank({int(r.rank or 0): r.collective_calls for r in ranks})
-        if summary is None or summary.matched_calls == 0:
-            why_not = "no collective call could be matched across the ranks"
-    if why_not is not None:
-        na["cross_rank"] = why_not
-    slowest = summary.slowest_rank if summary is not None else None
-    if slowest is None:
-        na["slowest_rank"] = why_not or "every matched call took equally long on every rank"
-    return JobTraceSummary(
-        directory=str(paths[0].parent),
-        ranks=ranks,
-        cross_rank=summary if why_not is None else None,
-        slowest_rank=slowest,
-        not_applicable=na,
-        definitions=dict(DEFINITIONS_COMMON),
-    )
+def __getattr__(name: str) -> Any:
+    if name not in _JOB_EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("mgprof.analyze.trace_job"), name)
+    globals()[name] = value
+    return value
