@@ -192,6 +192,9 @@ def test_resnet50_per_step_kernel_and_memory_time_match_the_plugin() -> None:
     assert [round(st.totals.memcpy_us or 0) for st in s.steps] == memory
     extended = [st.extended_us for st in s.steps if st.extended_us is not None]
     assert sum(extended) / len(extended) == pytest.approx(177592, abs=1)
+    # the plugin's per-step DataLoader: loading in the extended span while nothing else runs
+    loading = [69317, 57669, 61257, 56453, 62690, 48185]
+    assert [round(st.dataloader_exclusive_us or 0) for st in s.steps] == loading
 
 
 def test_step_windows_never_overlap() -> None:

@@ -108,6 +108,10 @@ class RankTrace:
     dev_stream: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     """Per device row, an index of its stream (the device event's ``tid``)."""
     graph_launches: int = 0
+    runtime: tuple[FloatArray, FloatArray] = field(
+        default_factory=lambda: (np.zeros(0), np.zeros(0))
+    )
+    """Spans of the runtime/driver calls (launches, synchronisations) on the CPU."""
     """``cudaGraphLaunch`` calls: kernels replayed from a CUDA graph have no launch of their own."""
     unknown_categories: dict[str, int] = field(default_factory=dict)
     """Event categories torch.profiler does not write (``cat`` -> events), counted as host work."""

@@ -150,6 +150,8 @@ class _Reducer:
         self.complete = 0
         self.n_events = 0
         self.graph_launches = 0
+        self.runtime_s: list[float] = []
+        self.runtime_e: list[float] = []
         self.dev_stream: list[int] = []
         self.stream_of: dict[object, int] = {}  # device event tid (stream) -> index
         self.unknown_cats: dict[str, int] = {}
@@ -175,6 +177,7 @@ class _Reducer:
         dev_corr, dev_name, dev_ext = self.dev_corr, self.dev_name, self.dev_ext
         cpu_events = self.cpu_events
         dev_stream, stream_of = self.dev_stream, self.stream_of
+        runtime_s, runtime_e = self.runtime_s, self.runtime_e
         isfinite = math.isfinite
         complete = skipped = 0  # written back to self after the loop
         for ev in events:
@@ -262,6 +265,8 @@ class _Reducer:
             if code == _CAT_LAUNCH:
                 if ev.name and "GraphLaunch" in ev.name:
                     self.graph_launches += 1
+                runtime_s.append(ts)
+                runtime_e.append(ts + dur)  # type: ignore[operator]
                 args = ev.args
                 if args is not None:
                     corr = args.correlation
@@ -411,6 +416,10 @@ class _Reducer:
             n_events=self.n_events,
             skipped_device_events=self.skipped,
             graph_launches=self.graph_launches,
+            runtime=(
+                np.asarray(self.runtime_s, dtype=np.float64),
+                np.asarray(self.runtime_e, dtype=np.float64),
+            ),
             dev_stream=np.asarray(self.dev_stream, dtype=np.int32),
             unknown_categories=dict(self.unknown_cats),
             dev_start=np.asarray(self.dev_start, dtype=np.float64),

@@ -160,6 +160,9 @@ class StepSummary(msgspec.Struct):
     device_start_us: float | None = None
     device_end_us: float | None = None
     extended_us: float | None = None
+    dataloader_exclusive_us: float | None = None
+    """DataLoader time in the extended step span while no device event and no runtime call
+    runs: the TensorBoard plugin's per-step "DataLoader" (its categories are exclusive)."""
     not_applicable: dict[str, str] = msgspec.field(default_factory=dict)
 
 
@@ -259,6 +262,19 @@ def _comm_unknown(totals: TraceTotals, na: dict[str, str]) -> TraceTotals:
     )
 
 
+def _dataloader_exclusive(rt: RankTrace, begin: float, end: float) -> float | None:
+    """DataLoader time in [begin, end] not covered by device events or runtime calls."""
+    if rt.dataloader[0].size == 0:
+        return None
+    window = (np.asarray([begin]), np.asarray([end]))
+    loading = iv.intersect(rt.dataloader, window)
+    busy = (
+        np.concatenate((rt.dev_start, rt.runtime[0])),
+        np.concatenate((rt.dev_end, rt.runtime[1])),
+    )
+    return iv.union_length(*loading) - iv.intersection_length(loading, busy)
+
+
 def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
     if not rt.steps:
         na["steps"] = "no ProfilerStep#N spans (trace recorded without a profiler schedule)"
@@ -299,6 +315,7 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
         end = step.end if device_end is None else max(step.end, device_end)
         begin = step.start if prev_extended is None else max(step.start, prev_extended)
         prev_extended = end
+        exclusive = _dataloader_exclusive(rt, begin, end) if step_of is not None else None
         out.append(
             StepSummary(
                 step.number,
@@ -310,6 +327,7 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
                 device_start_us=None if device_start is None else base + device_start,
                 device_end_us=None if device_end is None else base + device_end,
                 extended_us=end - begin,
+                dataloader_exclusive_us=exclusive,
                 not_applicable=step_na,
             )
         )
