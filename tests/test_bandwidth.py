@@ -46,3 +46,35 @@ def test_bad_bandwidth_input_is_one_line_and_exit_2(
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_attainable_busbw_interpolates_in_log_size() -> None:
+    from mgprof.analyze.bandwidth import against_baseline, attainable_busbw
+
+    baseline = {
+        "rows": [
+            {"op": "all_reduce", "bytes": 1024, "group_size": 2, "busbw_gbps": 1.0},
+            {"op": "all_reduce", "bytes": 1024 * 1024, "group_size": 2, "busbw_gbps": 4.0},
+        ]
+    }
+    mid = attainable_busbw(baseline, "all_reduce", 32 * 1024, 2)  # halfway in log(size)
+    assert mid is not None and mid[0] == pytest.approx(2.5) and mid[1] is None
+    low = attainable_busbw(baseline, "all_reduce", 10, 2)
+    assert low is not None and low[0] == 1.0 and "outside the measured sizes" in (low[1] or "")
+    assert attainable_busbw(baseline, "all_reduce", 1024, 8) is None  # other group size
+    stats = [{"type": "all_reduce", "bytes": 2 * 32 * 1024, "count": 2, "busbw_gbps": 1.25,
+              "group_size": 2}]  # fmt: skip
+    (a,) = against_baseline(stats, baseline)
+    assert a.mean_call_bytes == 32 * 1024 and a.pct_of_attainable == pytest.approx(50.0)
+
+
+def test_trace_with_a_missing_baseline_exits_2(tmp_path: Path) -> None:
+    trace = Path(__file__).parent / "data" / "gpu"
+    result = run(
+        python_args("-m", "mgprof", "trace", str(trace), "--bandwidth", str(tmp_path / "no.json")),
+        tmp_path,
+        clean_env(),
+        120,
+    )
+    assert result.returncode == 2
+    assert "mgprof doctor --bandwidth --out" in result.stderr and "Traceback" not in result.stderr

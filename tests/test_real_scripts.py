@@ -196,6 +196,9 @@ def test_compare_has_a_single_baseline_and_a_real_ddp_row(
     rows = _rows(compared[name][0])
     assert rows["single"]["samples_per_s"] is not None
     assert rows["ddp"]["speedup"] is not None
+    # the DDP row's all-reduce beside this machine's measured bus bandwidth at its size
+    assert rows["ddp"]["busbw_pct_of_attainable"] is not None
+    assert any("this machine reached" in note for note in rows["ddp"]["notes"])
 
 
 def test_compare_gives_no_speedup_for_independent_replicas(

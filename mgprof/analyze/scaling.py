@@ -67,6 +67,9 @@ class Row(msgspec.Struct, kw_only=True):
     ab_comm_pct: float | None = None
     peak_mem_kind: str | None = None
     peak_mem_mib: list[float | None] = msgspec.field(default_factory=list)
+    busbw_pct_of_attainable: float | None = None
+    """Rank 0's largest collective type's busbw as a share of this machine's, measured by the
+    bandwidth probe at the job's message size right after the row ran (DDP rows)."""
     grad_sync: str | None = None
     """The run's gradient-sync verdict (``mgprof.analyze.grad_sync``): a row whose ranks
     trained independent replicas gets no throughput, speedup or efficiency."""
@@ -99,6 +102,9 @@ class Comparison(msgspec.Struct, kw_only=True):
     cpu_note: str | None = None
     rows: list[Row] = msgspec.field(default_factory=list)
     not_applicable: list[NotApplicable] = msgspec.field(default_factory=list)
+    bandwidth: dict[str, Any] | None = None
+    """The bandwidth probe's result at the DDP row's message sizes (``mgprof doctor
+    --bandwidth``'s format), when the DDP row had collectives with a bus bandwidth."""
     runs: dict[str, str] = msgspec.field(default_factory=dict)
     """strategy -> run directory relative to the comparison directory."""
     verdict: str = ""

@@ -23,6 +23,7 @@ import numpy as np
 
 from mgprof.analyze import breakdown as bd
 from mgprof.analyze import intervals as iv
+from mgprof.analyze.bandwidth import Attainable
 from mgprof.analyze.comm import (
     LAUNCH_ONLY_REASON,
     CollectiveCall,
@@ -192,6 +193,8 @@ class RankTraceSummary(msgspec.Struct):
     idle: IdleBreakdown | None = None
     """GPU idle gaps by cause (``mgprof.analyze.idle``); None on CPU-only traces."""
     launch_delay: LaunchDelay | None = None
+    attainable: list[Attainable] | None = None
+    """Each collective's busbw beside this machine's measured baseline (``--bandwidth``)."""
 
 
 def _pct(x: float | None, window: float) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 
@@ -29,6 +30,12 @@ def register(subparsers: Any) -> None:
         help="message sizes for --bandwidth, bytes with K/M/G suffixes (default 64K,1M,16M)",
     )
     parser.add_argument("--iters", type=int, default=10, help="timed calls per size (default 10)")
+    parser.add_argument(
+        "--out",
+        metavar="FILE",
+        help="with --bandwidth: also save the result as JSON (the baseline that "
+        "'mgprof trace --bandwidth FILE' sets a job's bus bandwidth beside)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -76,7 +83,14 @@ def _bandwidth(args: argparse.Namespace) -> int:
         raise UsageError("--bandwidth needs --gpus 2 or more: a collective needs peers")
     if args.iters < 1:
         raise UsageError(f"--iters must be at least 1, got {args.iters}")
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists():
+        raise UsageError(f"{out} exists; choose another --out (nothing was measured)")
     result = run_probe(args.gpus, parse_sizes(args.sizes), iters=args.iters)
+    if out is not None:
+        from mgprof.atomic import write_text_atomic
+
+        write_text_atomic(out, json.dumps(result, indent=1) + "\n")
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -140,6 +140,23 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
             )
     if coll.row_count:
         console.print(coll)
+    vs = [(r.rank, a) for r in job.ranks for a in (r.attainable or [])]
+    if vs:
+        att = Table(title="Bus bandwidth against this machine's baseline", header_style="bold")
+        for col in ("rank", "type", "call MB", "busbw GB/s", "attainable", "% of attainable"):
+            att.add_column(col, justify="left" if col == "type" else "right")
+        for rank, a in vs:
+            att.add_row(
+                str(rank),
+                a.type + (" *" if a.note else ""),
+                f"{a.mean_call_bytes / 1e6:.2f}",
+                f"{a.busbw_gbps:.2f}",
+                f"{a.attainable_busbw_gbps:.2f}",
+                f"{a.pct_of_attainable:.0f} %",
+            )
+        console.print(att)
+        if any(a.note for _, a in vs):
+            console.print("* message size outside the baseline's sizes: nearest size used")
 
     if job.cross_rank is not None:
         waits = Table(title=f"Cross-rank waiting (matched by {job.cross_rank.match_key})")

@@ -183,12 +183,64 @@ def compare(
         )
         comp.rows.append(row)
         comp.runs[strategy] = row.run
+    _against_attainable(comp, comp_dir, gpus)
     add_speedups(comp.rows)
     comp.verdict = verdict(comp.rows, cpu, mode)
     write_bytes_atomic(comp_dir / COMPARISON_JSON, encode_comparison(comp))
     _write_markdown(comp_dir, comp)
     _link_runs(comp_dir, comp)
     return comp
+
+
+PROBE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+MAX_PROBE_BYTES = 256 * 1024 * 1024
+
+
+def _against_attainable(comp: Comparison, comp_dir: Path, gpus: int) -> None:
+    """Measure this machine's bus bandwidth at the DDP row's message sizes (the bandwidth
+    probe, right after the row) and give the row's busbw as a share of it. A probe that fails
+    leaves a note, never a failed comparison."""
+    from mgprof.analyze.bandwidth import against_baseline
+    from mgprof.records import read_run
+
+    row = next((r for r in comp.rows if r.strategy == "ddp"), None)
+    if row is None or row.grad_sync == "independent":
+        return
+    try:
+        analysis = read_run(comp_dir / row.run).analysis or {}
+    except Exception:
+        return
+    summaries = (((analysis.get("traces") or {}).get("ranks") or {}).get("0")) or []
+    collectives = [
+        c
+        for summary in summaries
+        if isinstance(summary, dict)
+        for c in summary.get("collectives") or []
+        if isinstance(c, dict) and c.get("type") in PROBE_OPS and c.get("busbw_gbps")
+    ]
+    sizes = sorted(
+        {min(int(c["bytes"] / c["count"]), MAX_PROBE_BYTES) for c in collectives if c["count"]}
+    )
+    if not sizes:
+        return
+    from mgprof.errors import UsageError
+    from mgprof.run.bandwidth_probe import run_probe
+
+    try:
+        comp.bandwidth = run_probe(gpus, sizes[-3:], iters=5, timeout_s=300)
+    except UsageError as exc:
+        row.notes.append(f"bandwidth baseline not measured: {exc}")
+        return
+    found = against_baseline(collectives, comp.bandwidth)
+    if not found:
+        return
+    top = max(found, key=lambda a: a.busbw_gbps * a.mean_call_bytes)
+    row.busbw_pct_of_attainable = top.pct_of_attainable
+    row.notes.append(
+        f"{top.type} busbw {top.busbw_gbps:.3g} GB/s = {top.pct_of_attainable:.0f} % of the "
+        f"{top.attainable_busbw_gbps:.3g} GB/s this machine reached at {top.mean_call_bytes:,} B "
+        "(bandwidth probe, nccl-tests' busbw)"
+    )
 
 
 def _link_runs(comp_dir: Path, comp: Comparison) -> None:
