@@ -29,8 +29,13 @@ def mgprof(*args: str) -> list[str]:
     return python_args("-m", "mgprof", *args)
 
 
-def checksums(result: Result, what: str = "param-checksum") -> list[str]:
-    return re.findall(rf"^{what} (\S+)$", result.stdout, flags=re.MULTILINE)
+def checksums(root: Path, what: str = "param-checksum") -> list[str]:
+    """The figure each rank printed, read from its own log (``logs/rank<N>.log``): the ranks
+    share one stdout pipe, where their lines can interleave mid-line."""
+    found = []
+    for log in sorted((only_run(root) / "logs").glob("rank*.log")):
+        found += re.findall(rf"^{what} (\S+)$", log.read_text(), flags=re.MULTILINE)
+    return found
 
 
 def only_run(root: Path) -> Path:
@@ -79,9 +84,9 @@ def analyzed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Result
 def test_two_ranks_train_one_model(analyzed: dict[str, tuple[Result, Path]], name: str) -> None:
     result, root = analyzed[name]
     assert result.returncode == 0, result.explain()
-    params = checksums(result)
+    params = checksums(root)
     assert len(params) == 2 and params[0] == params[1], result.explain()
-    firsts = checksums(result, "first-batch-checksum")
+    firsts = checksums(root, "first-batch-checksum")
     if firsts:  # scripts whose data is random per process: the ranks really saw other data
         assert len(firsts) == 2 and firsts[0] != firsts[1]
     run = run_json(root)
@@ -133,7 +138,7 @@ def test_independent_replicas_are_never_labelled_ddp(
 ) -> None:
     result, root = analyzed["plain-2-nowrap"]
     assert result.returncode == 0, result.explain()
-    params = checksums(result)
+    params = checksums(root)
     assert len(params) == 2 and params[0] != params[1]  # two models, trained apart
     run = run_json(root)
     job = run["analysis"]["job"]
