@@ -35,12 +35,12 @@ VALUE_ERROR_TB = """Traceback (most recent call last):
   File "<frozen runpy>", line 291, in run_path
   File "<frozen runpy>", line 98, in _run_module_code
   File "<frozen runpy>", line 88, in _run_code
-  File "/work/train.py", line 23, in <module>
+  File "/home/user/train.py", line 23, in <module>
     raise ValueError("bad batch shape on purpose")
 ValueError: bad batch shape on purpose
 """
 PEER_TB = """Traceback (most recent call last):
-  File "/work/train.py", line 18, in <module>
+  File "/home/user/train.py", line 18, in <module>
     model(x).sum().backward()
 RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1234
 """
