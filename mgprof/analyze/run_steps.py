@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from mgprof.analyze.run_results import StepTimeStats
 from mgprof.analyze.stats import mean, percentile
-from mgprof.records import RankRecord, StepRecord
+from mgprof.records import RankRecord, RunRecord, StepRecord
 
 _STEADY_STATE_MIN_STEPS = 3
 
@@ -52,3 +53,14 @@ def dataloader_totals(rank: RankRecord, steps: Sequence[StepRecord]) -> tuple[fl
     wait = sum(s.dataloader_ms or 0.0 for s in timed)
     busy = sum(s.duration_ms for s in timed)
     return wait, busy + wait if rank.step_form == "with" else busy
+
+
+def usual_batch_sizes(run: RunRecord) -> list[int]:
+    """Per rank (that recorded any), its most common batch size over its steady-state steps:
+    the batch the rank really trained on, which compare and sweep check against the request."""
+    sizes: list[int] = []
+    for rank in run.ranks:
+        seen = [s.batch_size for s in steady_state_steps(rank.steps) if s.batch_size is not None]
+        if seen:
+            sizes.append(Counter(seen).most_common(1)[0][0])
+    return sizes

@@ -8,7 +8,6 @@ ratio) — and scaling efficiency is speedup / devices.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +16,7 @@ import msgspec
 
 from mgprof.analyze.grad_sync import INDEPENDENT_LABEL
 from mgprof.analyze.readers import num as _num
-from mgprof.analyze.run_analysis import steady_state_steps
+from mgprof.analyze.run_steps import usual_batch_sizes
 from mgprof.errors import RunRecordError
 from mgprof.records import RunRecord
 
@@ -138,16 +137,6 @@ def trial_batches(mode: str, batch: int, devices: int) -> dict[str, tuple[int, i
 # Rows
 
 
-def _usual_batch(run: RunRecord) -> list[int]:
-    """Per rank, the most common batch size over its steady-state steps (recorded ones only)."""
-    sizes: list[int] = []
-    for rank in run.ranks:
-        seen = [s.batch_size for s in steady_state_steps(rank.steps) if s.batch_size is not None]
-        if seen:
-            sizes.append(Counter(seen).most_common(1)[0][0])
-    return sizes
-
-
 def _devices(run: RunRecord) -> int:
     if run.strategy == "dp":
         return max((r.devices_used for r in run.ranks), default=1)
@@ -238,7 +227,7 @@ def build_row(
     row = Row(strategy=strategy, devices=_devices(run), run=run_name, status=run.status)
     if run.status != "complete":
         row.notes.append(f"run {run.status}: {run.error or 'no error recorded'}")
-    usual = _usual_batch(run)
+    usual = usual_batch_sizes(run)
     if usual:
         row.global_batch = sum(usual)
         per_process = usual[0]
@@ -249,7 +238,7 @@ def build_row(
     if expected_batch is not None and not row.batch_controlled:
         row.notes.append(
             f"batch not controlled: asked for {expected_batch} per process, the records show "
-            f"{sorted(set(usual)) or 'none'} (does the script call mgprof.batch_size()?)"
+            f"{sorted(set(usual)) or 'none'} (neither mgprof.batch_size() nor a DataLoader set it)"
         )
     times = [
         _num(r["step_time_ms"].get("mean"))

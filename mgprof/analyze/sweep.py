@@ -264,13 +264,9 @@ def batch_evidence(
     """
     from collections import Counter
 
-    from mgprof.analyze.run_steps import steady_state_steps
+    from mgprof.analyze.run_steps import usual_batch_sizes
 
-    usual: list[int] = []
-    for rank in run.ranks:
-        seen = [s.batch_size for s in steady_state_steps(rank.steps) if s.batch_size]
-        if seen:
-            usual.append(Counter(seen).most_common(1)[0][0])
+    usual = usual_batch_sizes(run)
     observed = Counter(usual).most_common(1)[0][0] if usual else None
     facts = [r.training for r in run.ranks]
     read = any(f.batch_size_read for f in facts)

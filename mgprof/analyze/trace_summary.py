@@ -265,17 +265,16 @@ def _comm_unknown(totals: TraceTotals, na: dict[str, str]) -> TraceTotals:
     )
 
 
-def _dataloader_exclusive(rt: RankTrace, begin: float, end: float) -> float | None:
-    """DataLoader time in [begin, end] not covered by device events or runtime calls."""
+def _dataloader_exclusive(
+    rt: RankTrace, busy: tuple[np.ndarray, np.ndarray], begin: float, end: float
+) -> float | None:
+    """DataLoader time in [begin, end] not covered by ``busy`` (the merged device events and
+    runtime calls, built once per trace)."""
     if rt.dataloader[0].size == 0:
         return None
     window = (np.asarray([begin]), np.asarray([end]))
     loading = iv.intersect(rt.dataloader, window)
-    busy = (
-        np.concatenate((rt.dev_start, rt.runtime[0])),
-        np.concatenate((rt.dev_end, rt.runtime[1])),
-    )
-    return iv.union_length(*loading) - iv.intersection_length(loading, busy)
+    return iv.union_length(*loading) - iv.intersection_length(loading, iv.intersect(busy, window))
 
 
 def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
@@ -287,6 +286,9 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
     if step_of is not None and not (step_of >= 0).any():
         na["steps"] = "no device event correlates with a launch inside a ProfilerStep#N span"
     base = rt.time_base_us
+    busy = iv.merge(
+        np.concatenate((rt.dev_start, rt.runtime[0])), np.concatenate((rt.dev_end, rt.runtime[1]))
+    )
     prev_end: float | None = None
     prev_extended: float | None = None
     for k, step in enumerate(rt.steps):
@@ -318,7 +320,7 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
         end = step.end if device_end is None else max(step.end, device_end)
         begin = step.start if prev_extended is None else max(step.start, prev_extended)
         prev_extended = end
-        exclusive = _dataloader_exclusive(rt, begin, end) if step_of is not None else None
+        exclusive = _dataloader_exclusive(rt, busy, begin, end) if step_of is not None else None
         out.append(
             StepSummary(
                 step.number,

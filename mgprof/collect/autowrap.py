@@ -101,6 +101,7 @@ class AutoWrap:
         self._orig_call: Any = None
         self._orig_add_group: Any = None
         self.record: AutoWrapRecord | None = None
+        self._initialized_pg = False
         self.wrapped: list[nn.Module] = []
 
     # -- installation -------------------------------------------------------------------------
@@ -212,43 +213,37 @@ class AutoWrap:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        self._initialized_pg = False
-        if not dist.is_initialized():
-            devices = {p.device.type for p in module.parameters()}
-            backend = "nccl" if devices == {"cuda"} else "gloo"
-            init_process_group_for_autowrap(backend)
-            self._initialized_pg = True
+        from mgprof.collect.wrap import device, enable_sync_ab
+
         params = list(module.parameters())
-        device = params[0].device if params else torch.device("cpu")
-        if device.type == "cuda":
-            local = int(os.environ.get("LOCAL_RANK", 0)) % max(torch.cuda.device_count(), 1)
-            if device.index != local:
-                return None, (
-                    f"the model is on {device} but this rank's device is cuda:{local} "
-                    "(the script pins a device index); use torch.device('cuda') or "
-                    "mgprof.device()"
-                )
-            ddp = DistributedDataParallel(module, device_ids=[device.index])
+        where = params[0].device if params else torch.device("cpu")
+        if where.type == "cuda" and where != device():
+            return None, (
+                f"the model is on {where} but this rank's device is {device()} (the script pins "
+                "a device index); use torch.device('cuda') or mgprof.device()"
+            )
+        if not dist.is_initialized():
+            _init_process_group("nccl" if where.type == "cuda" else "gloo")
+            self._initialized_pg = True
+        if where.type == "cuda":
+            ddp = DistributedDataParallel(module, device_ids=[where.index])
         else:
             ddp = DistributedDataParallel(module)
-        from mgprof.collect.wrap import enable_sync_ab
-
         enable_sync_ab(ddp)
         return ddp, None
 
     def _build_dp(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
+        from mgprof.collect.wrap import _gpu_limit
+
         if not torch.cuda.is_available():
             return None, "DataParallel needs CUDA devices"
         params = list(module.parameters())
         if not params or params[0].device.type != "cuda":
             return None, "the model is not on a CUDA device, so DataParallel cannot replicate it"
-        try:
-            limit = int(os.environ.get("MGPROF_GPUS", torch.cuda.device_count()))
-        except ValueError:
-            limit = torch.cuda.device_count()
+        count = torch.cuda.device_count()
         first = params[0].device.index or 0
-        ids = [first] + [i for i in range(torch.cuda.device_count()) if i != first]
-        return nn.DataParallel(module, device_ids=ids[: max(1, limit)]), None
+        ids = [first] + [i for i in range(count) if i != first]
+        return nn.DataParallel(module, device_ids=ids[: _gpu_limit(count)]), None
 
     def _decide(
         self, wrapper: nn.Module | None, reason: str | None, module: nn.Module | None = None
@@ -267,7 +262,7 @@ class AutoWrap:
                 parameters=trainable,
                 bucket_cap_mb=_bucket_cap_mb(wrapper) if is_ddp else None,
                 devices=list(getattr(wrapper, "device_ids", None) or []),
-                initialized_process_group=getattr(self, "_initialized_pg", False),
+                initialized_process_group=self._initialized_pg,
             )
         if self._note is not None:
             self._note("auto_wrap", self.record)
@@ -290,18 +285,14 @@ def _is_fsdp(module: nn.Module) -> bool:
 _pg_by_mgprof = False
 
 
-def init_process_group_for_autowrap(backend: str) -> None:
-    """Initialise the default group from torchrun's environment (RANK, WORLD_SIZE, MASTER_*)."""
+def _init_process_group(backend: str) -> None:
+    """The default group from torchrun's environment (``mgprof.wrap``'s own initialiser, with
+    the backend the model's device needs); a later ``init_process_group`` of the script reuses
+    it (``mgprof.collect.hooks``)."""
     global _pg_by_mgprof
-    import torch.distributed as dist
+    from mgprof.collect.wrap import init_process_group
 
-    from mgprof.collect.hooks import collective_timeout
-
-    timeout = collective_timeout()
-    if timeout is not None:
-        dist.init_process_group(backend, timeout=timeout)
-    else:
-        dist.init_process_group(backend)
+    init_process_group(backend)
     _pg_by_mgprof = True
 
 

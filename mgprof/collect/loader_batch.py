@@ -44,9 +44,6 @@ def install() -> bool:
             bound = signature.bind(self, *args, **kwargs)
             _apply(bound.arguments, size)
             args, kwargs = (), {k: v for k, v in bound.arguments.items() if k != "self"}
-            extra = kwargs.pop("kwargs", None)  # a **kwargs parameter, if a torch has one
-            if isinstance(extra, dict):
-                kwargs.update(extra)
         except Exception as exc:  # fail open: the loader is built as the script asked
             _refused.append(f"DataLoader: {type(exc).__name__}: {exc}")
         _original_init(self, *args, **kwargs)

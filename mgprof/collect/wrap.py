@@ -77,8 +77,11 @@ def devices_in_use(strategy: str | None = None) -> list[int]:
     return [torch.cuda.current_device()]
 
 
-def init_process_group() -> None:
-    """Initialise the default group from torchrun's environment if it is not up yet."""
+def init_process_group(backend: str | None = None) -> None:
+    """Initialise the default group from torchrun's environment if it is not up yet.
+
+    ``backend`` None: NCCL when CUDA is available, else gloo (auto-wrap passes gloo for a model
+    that trains on the CPU of a CUDA machine)."""
     if dist.is_initialized():
         return
     if "MASTER_ADDR" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -89,7 +92,9 @@ def init_process_group() -> None:
     timeout_s = os.environ.get("MGPROF_COLLECTIVE_TIMEOUT_S")  # mgprof analyze --collective-timeout
     if timeout_s:
         kwargs["timeout"] = datetime.timedelta(seconds=float(timeout_s))
-    if torch.cuda.is_available():
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
         torch.cuda.set_device(_local_rank() % torch.cuda.device_count())
         dist.init_process_group(
             backend="nccl", device_id=torch.device("cuda", _local_rank()), **kwargs

@@ -26,12 +26,16 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter")
 BANDWIDTH_SCHEMA_VERSION = 1
 
 
-def _time_op(op: str, nbytes: int, world: int, device: Any, iters: int, warmup: int) -> float:
-    """Mean seconds per call of ``op`` on a buffer of about ``nbytes`` (float32 elements)."""
+def buffer_elements(nbytes: int, world: int) -> int:
+    """float32 elements of the probe's buffer: about ``nbytes``, divisible by the group size."""
+    return max(world, nbytes // 4 // world * world)
+
+
+def _time_op(op: str, elems: int, world: int, device: Any, iters: int, warmup: int) -> float:
+    """Mean seconds per call of ``op`` on a buffer of ``elems`` float32 elements."""
     import torch
     import torch.distributed as dist
 
-    elems = max(world, nbytes // 4 // world * world)  # divisible by the group size
     if op == "all_reduce":
         buf = torch.ones(elems, device=device)
 
@@ -87,13 +91,13 @@ def measure(sizes: list[int], iters: int, warmup: int) -> dict[str, Any]:
     for op in OPS:
         for size in sizes:
             row: dict[str, Any] = {"op": op, "bytes": size, "group_size": world}
+            elems = buffer_elements(size, world)
             try:
-                seconds = _time_op(op, size, world, device, iters, warmup)
+                seconds = _time_op(op, elems, world, device, iters, warmup)
             except (RuntimeError, NotImplementedError, ValueError) as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                 rows.append(row)
                 continue
-            elems = max(world, size // 4 // world * world)
             actual = elems * 4
             algbw = actual / seconds / 1e9
             factor = busbw_factor(op, world)
