@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         auto.finish()
         if auto.limit_explicit:
             _finish_explicit(None)  # a paused session of the script's own: record it now
+        _release_autowrap_group()
         return 0
     except SystemExit as exc:
         # a second SIGTERM while the record is written must not cut it off: torchrun still
@@ -216,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         failed = code not in (None, 0)
         auto.finish(error=f"exited with code {code}" if failed else None)
         _finish_explicit(f"exited with code {code}" if failed else None)
+        if not failed:
+            _release_autowrap_group()
         raise
     except BaseException as exc:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -226,7 +229,25 @@ def main(argv: list[str] | None = None) -> int:
         _flush_rank_log()
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     auto.finish()
+    _release_autowrap_group()
     return 0
+
+
+def _release_autowrap_group() -> None:
+    """Destroy the process group auto-wrap created (after the session has delivered its record
+    over it): the script never destroys a group it did not make, and a gloo group still alive at
+    interpreter exit can abort the rank ("terminate called without an active exception")."""
+    try:
+        from mgprof.collect.autowrap import process_group_by_mgprof
+
+        if not process_group_by_mgprof():
+            return
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as exc:  # fail open: the script's result stands
+        print(f"mgprof: could not release the process group: {exc}", file=sys.stderr)
 
 
 def _start_rank_log() -> None:
