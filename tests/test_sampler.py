@@ -30,7 +30,11 @@ def unknown_identity(index: int) -> tuple[None, None]:
 
 
 def nvml_sampler(
-    fake: FakeNvml, clock: ManualClock, cuda: list[int], pcie_every: int = 10
+    fake: FakeNvml,
+    clock: ManualClock,
+    cuda: list[int],
+    pcie_every: int = 10,
+    energy_every: int = 1,
 ) -> NvmlSampler:
     sampler = start_sampler(
         cuda,
@@ -40,6 +44,7 @@ def nvml_sampler(
         identify=unknown_identity,
         environ={},
         pcie_every=pcie_every,
+        energy_every=energy_every,
     )
     assert isinstance(sampler, NvmlSampler), sampler.reason
     return sampler
@@ -76,6 +81,24 @@ def test_columns_summary_and_energy_arithmetic() -> None:
     assert dev.summary["energy_j"] == pytest.approx(210.0)
     assert dev.facts["uuid"] == gpu.uuid and dev.facts["power_limit_w"] == 700.0
     assert fake.initialised == 0  # stop() shut NVML down
+
+
+def test_energy_counter_is_read_every_nth_tick_and_on_the_last() -> None:
+    """The counter costs ~3 ms per read on an H200: read its ends (and every Nth tick), and the
+    energy over the run is unchanged."""
+    gpu = h200(0, energy_mj=5_000_000, energy_step_mj=70_000)
+    fake = FakeNvml([gpu])
+    clock = ManualClock()
+    sampler = nvml_sampler(fake, clock, [0], energy_every=3)
+    run_ticks(sampler, clock, 5)
+    sampler._stop_event.set()  # what stop() does before its last tick
+    sampler.tick()
+    dev = sampler.stop().devices[0]
+    assert [v is not None for v in dev.columns["energy_mj"]] == [
+        True, False, False, True, False, True
+    ]  # fmt: skip
+    assert dev.facts["energy_every_ticks"] == 3
+    assert dev.summary["energy_j"] == pytest.approx(140.0)  # 2 reads after the first
 
 
 def test_energy_absent_counter_gives_none() -> None:
