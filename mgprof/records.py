@@ -13,6 +13,7 @@ from typing import Any, Literal
 import msgspec
 
 from mgprof.errors import RunRecordError
+from mgprof.safe_read import file_problem, read_regular
 
 SCHEMA_VERSION = 1
 """Bump when a field changes meaning or is removed; adding optional fields keeps the version."""
@@ -241,19 +242,31 @@ def decode_run(data: bytes, source: str = "run.json") -> RunRecord:
 
 
 def read_run(path: str | Path) -> RunRecord:
-    """Load a run.json file or the run.json inside a run directory."""
+    """Load a run.json file or the run.json inside a run directory.
+
+    Only a regular file is read (a FIFO or ``/dev/zero`` under that name is refused, not read),
+    up to the record size limit (``mgprof.safe_read``); every problem is one RunRecordError line.
+    """
     p = Path(path)
     if p.is_dir():
         p = p / "run.json"
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
+    if file_problem(p) == "no such file":
         raise RunRecordError(
             f"{p} not found; give a run directory made by 'mgprof analyze' or its run.json"
+        )
+    data = read_regular(
+        p,
+        error=RunRecordError,
+        hint="give a run directory made by 'mgprof analyze' or its run.json",
+    )
+    try:
+        return decode_run(data, str(p))
+    except RecursionError:
+        raise RunRecordError(
+            f"{p}: JSON is nested too deeply (about 1000 levels or more): not an mgprof run.json"
         ) from None
-    except OSError as exc:
-        raise RunRecordError(f"cannot read {p}: {exc.strerror}") from None
-    return decode_run(data, str(p))
+    except MemoryError:
+        raise RunRecordError(f"{p}: ran out of memory while reading it; free memory") from None
 
 
 def to_builtins(obj: Any) -> Any:

@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mgprof"
 
-SHARED = {"records", "errors", "atomic", "rundir"}
+SHARED = {"records", "errors", "atomic", "rundir", "safe_read"}
 # layer -> the layers (and shared modules) its modules may import
 S = {"shared"}
 ALLOWED: dict[str, set[str]] = {

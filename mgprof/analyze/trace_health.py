@@ -31,7 +31,8 @@ class TraceHealth(msgspec.Struct):
     graph_launches: int
     unknown_categories: dict[str, int]
     events_dropped: int
-    """Device events with a missing or negative ``dur``, left out of every figure."""
+    """Device events with a missing, negative or out-of-range ``ts``/``dur``, left out of every
+    figure (out-of-range host events are named in ``notes``)."""
     notes: list[str]
 
 
@@ -43,7 +44,7 @@ def trace_health(rt: RankTrace) -> TraceHealth:
         orphans = int(np.count_nonzero(~launched))
     else:
         orphans = int(corr.size)
-    notes = []
+    notes = list(rt.notes)
     if rt.has_device_events and not rt.steps:
         notes.append("no ProfilerStep#N spans: no per-step figures")
     if rt.has_device_events and rt.launch_corr.size == 0:

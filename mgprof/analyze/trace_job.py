@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import msgspec
 
 from mgprof.analyze.comm import CrossRankSummary, cross_rank
 from mgprof.analyze.trace_summary import DEFINITIONS_COMMON, RankTraceSummary, analyze_trace_file
-from mgprof.errors import TraceError
+from mgprof.errors import TraceError, UsageError
+from mgprof.safe_read import file_problem
 
 __all__ = [
     "JobTraceSummary",
@@ -66,11 +68,26 @@ def execution_trace_reason(path: Path) -> str | None:
 
 
 def _traces_in(folder: Path, skipped: list[str] | None = None) -> list[Path]:
+    """The regular ``*.json[.gz]`` files of ``folder``; the others (FIFOs, devices, folders,
+    broken symlinks, execution traces) each get a line in ``skipped``."""
+    try:
+        os.listdir(folder)
+    except PermissionError:
+        raise TraceError(
+            f"{folder}: cannot list the folder (permission denied); check its permissions"
+        ) from None
+    except OSError as exc:
+        raise TraceError(f"{folder}: cannot list the folder ({exc.strerror})") from None
     found: set[Path] = set()
     for pattern in _PATTERNS:
-        found.update(p for p in folder.glob(pattern) if p.is_file())
+        found.update(folder.glob(pattern))
     kept = []
     for path in sorted(found):
+        problem = file_problem(path)
+        if problem is not None:
+            if skipped is not None:
+                skipped.append(f"{path.name}: {problem}; skipped")
+            continue
         why = execution_trace_reason(path)
         if why is None:
             kept.append(path)
@@ -85,27 +102,51 @@ def find_trace_files(
     """Group trace files by folder: a folder's ``*.json[.gz]`` (else its ``traces/``), or files.
 
     Each folder is taken to hold one job's ranks, as torch.profiler's tensorboard handler writes
-    them; a folder with no trace raises TraceError, as does a path that does not exist. In a
-    folder, execution traces (``*_et.json.gz``) are skipped, each with a line in ``skipped``.
+    them; a folder with no trace raises TraceError, as does a path that does not exist or is not
+    a regular file (a FIFO, a device). In a folder, execution traces (``*_et.json.gz``) and files
+    that are not regular are skipped, each with a line in ``skipped``.
     """
     groups: dict[str, list[Path]] = {}
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
-            files = _traces_in(p, skipped) or (
-                _traces_in(p / "traces", skipped) if (p / "traces").is_dir() else []
+        # file_problem and os.path.isdir never raise (Path.is_dir does, on permission denied)
+        problem = file_problem(p)
+        if problem == "no such file":
+            raise TraceError(f"{p}: no such file or folder; check the path")
+        is_folder = os.path.isdir(p)
+        if problem is not None and not is_folder:
+            raise TraceError(f"{p}: {problem}; pass a trace file or a folder of them")
+        if is_folder:
+            here: list[str] = []
+            files = _traces_in(p, here) or (
+                _traces_in(p / "traces", here) if (p / "traces").is_dir() else []
             )
+            if skipped is not None:
+                skipped.extend(here)
             if not files:
+                found = f" (found: {'; '.join(here)})" if here else ""
                 raise TraceError(
-                    f"{p}: folder holds no *.json or *.json.gz trace (nor does {p / 'traces'}); "
-                    "pass the folder torch.profiler wrote"
+                    f"{p}: folder holds no *.json or *.json.gz trace (nor does {p / 'traces'})"
+                    f"{found}; pass the folder torch.profiler wrote"
                 )
             groups.setdefault(str(files[0].parent), []).extend(files)
-        elif p.is_file():
-            groups.setdefault(str(p.parent), []).append(p)
         else:
-            raise TraceError(f"{p}: no such file or folder; check the path")
+            groups.setdefault(str(p.parent), []).append(p)
     return {k: sorted(set(v)) for k, v in groups.items()}
+
+
+def _analyze_or_error(path: Path, top: int) -> RankTraceSummary | TraceError:
+    """One rank's summary, or the TraceError that says why its file cannot be read (returned,
+    not raised, so that one bad file does not stop the others)."""
+    try:
+        return analyze_trace_file(path, top)
+    except UsageError as exc:
+        return exc if isinstance(exc, TraceError) else TraceError(str(exc))
+
+
+def _joined(errors: Sequence[TraceError], most: int = 3) -> str:
+    text = "; ".join(str(e) for e in errors[:most])
+    return text + (f"; and {len(errors) - most} more" if len(errors) > most else "")
 
 
 def _one_job(ranks: list[RankTraceSummary]) -> str | None:
@@ -138,12 +179,29 @@ def analyze_job(
         raise TraceError("no trace files given; pass a trace file or a folder of them")
     n_workers = min(len(paths), workers if workers is not None else (os.cpu_count() or 1))
     if n_workers > 1:
-        with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            ranks = list(pool.map(analyze_trace_file, paths, [top] * len(paths)))
+        try:
+            with ProcessPoolExecutor(max_workers=n_workers) as pool:
+                results = list(pool.map(_analyze_or_error, paths, [top] * len(paths)))
+        except BrokenProcessPool:
+            raise TraceError(
+                f"{paths[0].parent}: a worker process died while analysing the traces (killed "
+                "for memory?); pass --workers 1 to analyse one trace at a time"
+            ) from None
     else:
-        ranks = [analyze_trace_file(p, top) for p in paths]
+        results = [_analyze_or_error(p, top) for p in paths]
+    ranks = [r for r in results if isinstance(r, RankTraceSummary)]
+    errors = [r for r in results if isinstance(r, TraceError)]
+    if not ranks:
+        if len(errors) == 1:
+            raise errors[0]
+        raise TraceError(
+            f"{paths[0].parent}: none of the {len(errors)} trace files could be read: "
+            + _joined(errors)
+        )
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.source))
     na: dict[str, str] = {}
+    if errors:
+        na["skipped_files"] = "; ".join(f"{e}; skipped" for e in errors)
     why_not = _one_job(ranks)
     summary: CrossRankSummary | None = None
     if why_not is None:

@@ -11,7 +11,16 @@ Both Kineto schemas are read: the current one (``cat`` = ``kernel``, ``gpu_memcp
 ``Memcpy``, ``Memset``, ``Runtime``, ``Operator``; string ``tid`` such as ``"stream 7"``). ROCm
 traces use the current names. Timestamps stay floats (fractional microseconds are kept as they
 are, never rounded). A device event whose ``dur`` is missing, negative or not finite cannot be
-placed on a timeline: it is skipped and counted in :attr:`RankTrace.skipped_device_events`.
+placed on a timeline: it is skipped and counted in :attr:`RankTrace.skipped_device_events`; so
+is any event whose ``ts``/``dur`` is beyond what a profiler writes (|ts| ≥ 1e18 us, dur ≥ 1e15
+us), counted in the trace's notes, so that no figure overflows to inf.
+
+Input is untrusted: only regular files are opened (a FIFO or ``/dev/zero`` is refused, see
+:mod:`mgprof.safe_read`); a trace may expand to ``MGPROF_MAX_TRACE_BYTES`` (default 4 GiB; the
+``--max-trace-size`` flag sets it), and gzip data that expands more than ``MAX_GZIP_RATIO`` times
+is refused once 64 MiB are out, unless the user set the limit; ``"traceEvents": [`` is looked
+for in the first 64 MiB only. Every failure, deep nesting and running out of memory included,
+is one TraceError line.
 
 This module reads the file and decodes ``traceEvents`` in bounded slices; the decoded fields are
 in :mod:`~mgprof.analyze.trace_schema`, their reduction in :mod:`~mgprof.analyze.trace_reduce`,
@@ -23,12 +32,13 @@ from __future__ import annotations
 
 import gc
 import gzip
+import os
 import re
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, BinaryIO, cast
 
 import msgspec
 
@@ -59,14 +69,18 @@ from mgprof.analyze.trace_schema import (
     dtype_bytes,
 )
 from mgprof.errors import TraceError
+from mgprof.safe_read import format_size, open_regular, parse_size
 
 __all__ = [
     "COMM_KERNEL_RE",
+    "DEFAULT_MAX_TRACE_BYTES",
     "FLOPS_ESTIMATED",
     "KIND_COMM",
     "KIND_COMPUTE",
     "KIND_MEMCPY",
     "KIND_MEMSET",
+    "MAX_GZIP_RATIO",
+    "MAX_TRACE_ENV",
     "PREC_FP32",
     "PREC_FP64",
     "PREC_REDUCED",
@@ -78,29 +92,123 @@ __all__ = [
     "estimate_flops",
     "load_trace",
     "rank_from_filename",
+    "trace_size_limit",
 ]
 
 
-def _read_bytes(path: Path) -> bytes:
+MAX_TRACE_ENV = "MGPROF_MAX_TRACE_BYTES"
+"""Environment variable: the largest trace (bytes after decompression, or ``4G``, ``512M``)."""
+DEFAULT_MAX_TRACE_BYTES = 4 << 30
+"""4 GiB of JSON: several times the largest per-rank Kineto traces seen (~1 GiB)."""
+MAX_GZIP_RATIO = 100
+"""Real Kineto traces compress 10-30x (29x for the largest fixture); zeros compress ~1000x."""
+_RATIO_FLOOR = 64 << 20
+"""Decompressed bytes before the ratio is checked: small files may compress as they like."""
+_FLAG_HINT = f"pass --max-trace-size SIZE (e.g. 8G) or set {MAX_TRACE_ENV} to read it"
+
+
+def trace_size_limit() -> tuple[int, bool]:
+    """(largest trace in bytes, whether the user set it) from ``MGPROF_MAX_TRACE_BYTES``.
+
+    A limit the user set also lifts the compression-ratio check: they asked for that size.
+    """
+    raw = os.environ.get(MAX_TRACE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_TRACE_BYTES, False
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such file; pass an existing trace file or folder") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a folder; pass it as a trace folder") from None
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read ({exc.strerror}); check permissions") from None
-    if not raw or raw.isspace():
-        raise TraceError(f"{path}: file is empty; re-export the trace from torch.profiler")
-    if raw[:2] == b"\x1f\x8b":
+        return parse_size(raw), True
+    except ValueError:
+        raise TraceError(
+            f"{MAX_TRACE_ENV}={raw!r} is not a size; set it like 8G, 512M or a byte count"
+        ) from None
+
+
+class _Bounded:
+    """A trace's byte stream (decompressed when gzipped) that stops at the size limits.
+
+    Past ``limit`` bytes, or, for gzip without a user-set limit, past ``MAX_GZIP_RATIO`` times
+    the compressed bytes consumed (once ``_RATIO_FLOOR`` bytes are out), a read raises
+    TraceError: a decompression bomb costs a bounded amount of time and memory.
+    """
+
+    def __init__(self, path: Path, fh: BinaryIO) -> None:
+        self.path = path
+        self.raw = fh
+        self.limit, explicit = trace_size_limit()
+        self.total = 0
+        self.size = size = os.fstat(fh.fileno()).st_size
+        self.gzipped = fh.read(2) == b"\x1f\x8b"
+        fh.seek(0)
+        self.check_ratio = self.gzipped and not explicit
+        if not self.gzipped and size > self.limit:
+            raise TraceError(
+                f"{path}: trace is {format_size(size)}, over the {format_size(self.limit)} "
+                f"limit on trace size; {_FLAG_HINT}"
+            )
+        self.stream: IO[bytes] = cast(IO[bytes], gzip.GzipFile(fileobj=fh) if self.gzipped else fh)
+
+    def read(self, n: int) -> bytes:
+        block = self.stream.read(n)
+        self.total += len(block)
+        if self.total > self.limit:
+            raise TraceError(
+                f"{self.path}: gzip trace expands past the {format_size(self.limit)} limit on "
+                f"trace size; {_FLAG_HINT}"
+            )
+        if self.check_ratio and self.total > _RATIO_FLOOR:
+            packed = max(self.raw.tell(), 1)
+            if self.total > MAX_GZIP_RATIO * packed:
+                raise TraceError(
+                    f"{self.path}: gzip data expands more than {MAX_GZIP_RATIO}x "
+                    f"({format_size(self.total)} from {format_size(packed)}), as a "
+                    "decompression bomb does and a profiler trace does not; if it is a real "
+                    f"trace, {_FLAG_HINT}"
+                )
+        return block
+
+
+def _open_trace(path: Path) -> _Bounded:
+    hint = (
+        "pass it as a trace folder"
+        if path.is_dir()
+        else "pass an existing trace file (.json or .json.gz) or a folder of them"
+    )
+    fh = open_regular(path, error=TraceError, hint=hint)
+    try:
+        return _Bounded(path, fh)
+    except BaseException:
+        fh.close()
+        raise
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The whole (decompressed) file, within the size limits."""
+    bounded = _open_trace(path)
+    with bounded.raw:
         try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
+            if bounded.gzipped:
+                raw = b"".join(iter(lambda: bounded.read(_READ_BYTES), b""))
+            else:
+                # read(n) allocates n bytes at once: ask for what is there (+1 to see growth)
+                raw = bounded.raw.read(min(bounded.size, bounded.limit) + 1)
+                bounded.total = len(raw)
+                if bounded.total > bounded.limit:
+                    raise TraceError(
+                        f"{path}: trace grew past the {format_size(bounded.limit)} limit on "
+                        f"trace size while it was read; {_FLAG_HINT}"
+                    )
+        except (EOFError, zlib.error) as exc:
             raise TraceError(
                 f"{path}: gzip data is truncated or corrupt ({exc}); copy the file again"
             ) from None
-        if not raw or raw.isspace():
-            raise TraceError(f"{path}: file is empty; re-export the trace from torch.profiler")
+        except OSError as exc:
+            if bounded.gzipped and exc.errno is None:  # gzip.BadGzipFile and kin
+                raise TraceError(
+                    f"{path}: gzip data is truncated or corrupt ({exc}); copy the file again"
+                ) from None
+            raise TraceError(f"{path}: cannot read ({exc.strerror}); check permissions") from None
+    if not raw or raw.isspace():
+        raise TraceError(f"{path}: file is empty; re-export the trace from torch.profiler")
     return raw
 
 
@@ -159,49 +267,81 @@ def _event_chunks(raw_events: msgspec.Raw) -> list[tuple[int, int]] | None:
 
 _READ_BYTES = 1 << 20  # file bytes (decompressed) read at a time by the streaming path
 _EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+_KEY_SEARCH_BYTES = 64 << 20
+"""How far into a file ``"traceEvents": [`` is looked for (torch.profiler writes it within the
+first few KiB); past it, the whole-document decode decides (within the trace size limit)."""
+_WHITESPACE = b" \t\r\n"
+_GAP_LOOKBACK = 64
+"""Bytes searched again for a ``}, {`` gap after a failed search (a gap cut by the end of the
+data); one with more whitespace inside is missed, which only makes a slice longer."""
 
 
-def _stream_events(stream: IO[bytes]) -> tuple[_Reducer, msgspec.Raw, msgspec.Raw] | None:
+def _not_an_object(path: Path, first: int) -> TraceError:
+    if first == ord("["):
+        why = "not a Kineto/Chrome trace (top level is not a JSON object)"
+        return TraceError(f"{path}: {why}; pass a torch.profiler trace file")
+    return TraceError(
+        f"{path}: not valid JSON (starts with byte 0x{first:02x}, not '{{'); the file may be "
+        "corrupt or not a trace, export it again"
+    )
+
+
+def _stream_events(
+    path: Path, stream: _Bounded
+) -> tuple[_Reducer, msgspec.Raw, msgspec.Raw] | None:
     """Reduce ``traceEvents`` while reading ``stream``; None when the layout is not recognised.
 
-    The head (up to ``"traceEvents": [``) is checked to be the start of a top-level object by
-    decoding it closed as ``...[]}``; events are then decoded in slices of about 1 MB cut at
-    ``}, {`` gaps (a cut inside a string or nested value makes the slice fail to decode), and the
-    rest of the file, which holds the last events and the keys after the list, is decoded as a
-    document of its own. Neither the whole file nor all decoded events are held at once.
+    The head (up to ``"traceEvents": [``, looked for in the first ``_KEY_SEARCH_BYTES``) is
+    checked to be the start of a top-level object by decoding it closed as ``...[]}``; events
+    are then decoded in slices of about 1 MB cut at ``}, {`` gaps (a cut inside a string or
+    nested value makes the slice fail to decode), and the rest of the file, which holds the last
+    events and the keys after the list, is decoded as a document of its own. Neither the whole
+    file nor all decoded events are held at once. A file that does not start with ``{`` is
+    refused at once (TraceError), whatever its size.
     """
-    buf = b""
+    buf = bytearray()
+    first_checked = False
     while True:
         block = stream.read(_READ_BYTES)
         if not block:
             return None
         searched = max(0, len(buf) - 32)
         buf += block
+        if not first_checked:
+            stripped = block.lstrip(_WHITESPACE)  # the blocks before were all whitespace
+            if stripped:
+                if stripped[0] != ord("{"):
+                    raise _not_an_object(path, stripped[0])
+                first_checked = True
         m = _EVENTS_KEY_RE.search(buf, searched)
         if m is not None:
             break
-    head = msgspec.json.decode(buf[: m.end()] + b"]}", type=_TraceOutline)
+        if len(buf) > _KEY_SEARCH_BYTES:
+            return None
+    head = msgspec.json.decode(bytes(buf[: m.end()]) + b"]}", type=_TraceOutline)
     rest = buf[m.end() :]
     del buf
     red = _Reducer()
+    scan = 0  # no gap starts in rest[:scan]: a search that failed resumes there (linear time)
     while True:
         block = stream.read(_READ_BYTES)
         if block:
-            rest = b"".join((rest, block)) if rest else block
+            rest += block
         pos = 0
         with memoryview(rest) as view:
             while len(rest) - pos > _CHUNK_BYTES:
-                gap = _EVENT_GAP_RE.search(rest, pos + _CHUNK_BYTES)
+                gap = _EVENT_GAP_RE.search(rest, max(pos + _CHUNK_BYTES, scan))
                 if gap is None:
+                    scan = max(len(rest) - _GAP_LOOKBACK, 0)
                     break
-                # One copy per slice: the join reads the bytes through the view (slicing a
-                # bytearray and joining copied each slice twice, in fresh pages each time).
+                # One copy per slice: the join reads the bytes through the view.
                 red.feed(
                     _EVENTS_DECODER.decode(b"".join((b"[", view[pos : gap.start() + 1], b"]")))
                 )
                 pos = gap.end() - 1
         if pos:
-            rest = rest[pos:]
+            rest = rest[pos:]  # the bytes after the last cut (less than a slice, or gapless)
+            scan = max(scan - pos, 0)
         if not block:
             break
     tail = msgspec.json.decode(b"".join((b'{"traceEvents": [', rest)), type=_Trace)
@@ -213,17 +353,15 @@ def _stream_events(stream: IO[bytes]) -> tuple[_Reducer, msgspec.Raw, msgspec.Ra
 
 
 def _load_streaming(p: Path) -> RankTrace | None:
-    """``load_trace`` reading the file in pieces; None where the in-memory path must decide."""
-    try:
-        f = open(p, "rb")  # noqa: SIM115 - closed below, the gzip reader wraps it
-    except OSError:
-        return None
-    with f:
+    """``load_trace`` reading the file in pieces; None where the in-memory path must decide.
+
+    Errors that no decode can change (not a regular file, over a size limit, not starting with
+    ``{``) are raised here as TraceError.
+    """
+    bounded = _open_trace(p)
+    with bounded.raw:
         try:
-            gzipped = f.read(2) == b"\x1f\x8b"
-            stream = cast(IO[bytes], gzip.GzipFile(fileobj=f) if gzipped else f)
-            f.seek(0)
-            got = _stream_events(stream)
+            got = _stream_events(p, bounded)
         except (OSError, EOFError, zlib.error, msgspec.ValidationError, msgspec.DecodeError):
             return None
     if got is None:
@@ -242,8 +380,19 @@ def load_trace(path: str | Path) -> RankTrace:
     time, and each slice is reduced and dropped before the next is decoded.
     """
     p = Path(path)
-    with _gc_paused():
-        return _load(p)
+    try:
+        with _gc_paused():
+            return _load(p)
+    except RecursionError:
+        raise TraceError(
+            f"{p}: JSON is nested too deeply (about 1000 levels or more), as no profiler trace "
+            "is; pass a torch.profiler trace file"
+        ) from None
+    except MemoryError:
+        raise TraceError(
+            f"{p}: ran out of memory while loading the trace; free memory, or pass "
+            "--workers 1 so that one trace is loaded at a time"
+        ) from None
 
 
 @contextmanager

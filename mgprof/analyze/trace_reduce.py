@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from mgprof.analyze.rank_trace import (
 )
 from mgprof.analyze.trace_schema import (
     Num,
+    _Args,
     _as_int,
     _as_str,
     _comm_args,
@@ -72,9 +72,38 @@ def rank_from_filename(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+_MAX_TS_US = 1e18
+"""|ts| past this (31,700 years in microseconds) is not a time a profiler wrote: such an event
+is skipped and counted, so that no figure overflows to inf."""
+_MAX_DUR_US = 1e15
+"""``dur`` past this (31 years) is likewise skipped and counted."""
+_MAX_FLOPS = 1e30
+"""FLOPs of one op past this are out of range (10^9 s of a 10^21 FLOP/s machine)."""
+_INT64 = 1 << 63
+
+
 def _step_number(name: str) -> int | None:
     tail = name[len("ProfilerStep#") :]
-    return int(tail) if tail.isdigit() else None
+    # ASCII digits only (int() refuses other Unicode digits), and few of them: int() of a
+    # string over 4300 digits raises, and a step number past 2^63 is no step number.
+    if tail.isascii() and tail.isdigit() and len(tail) <= 18:
+        return int(tail)
+    return None
+
+
+def _out_of_range(ts: Num, dur: Num) -> bool:
+    """True when the times are present but outside what a profiler writes (see _MAX_TS_US)."""
+    if ts is None or dur is None:
+        return False
+    return not (-_MAX_TS_US < ts < _MAX_TS_US) or dur >= _MAX_DUR_US
+
+
+def _int64_array(values: list[int]) -> np.ndarray:
+    """``values`` as int64; a value outside int64 (a hostile id) becomes -1, "no id"."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        return np.asarray([v if -_INT64 <= v < _INT64 else -1 for v in values], dtype=np.int64)
 
 
 # What :meth:`_Reducer.feed` does with an event, decided once per distinct ``cat`` (a device
@@ -147,6 +176,7 @@ class _Reducer:
         self.flops_total = 0.0
         self.flops_ops = 0
         self.skipped = 0
+        self.out_of_range = 0  # events (device or host) whose ts/dur are beyond any real time
         self.complete = 0
         self.n_events = 0
         self.graph_launches = 0
@@ -163,8 +193,15 @@ class _Reducer:
         self.n_events += len(events)
         if self.base is None:
             for ev in events:
-                if ev.ph == "X" and ev.ts is not None and math.isfinite(ev.ts):
-                    self.base = float(ev.ts)
+                ts0 = ev.ts
+                if (
+                    ev.ph == "X"
+                    and ts0 is not None
+                    and -_MAX_TS_US < ts0 < _MAX_TS_US
+                    and ev.dur is not None
+                    and 0.0 <= ev.dur < _MAX_DUR_US
+                ):
+                    self.base = float(ts0)
                     break
         base = self.base if self.base is not None else 0.0
         cat_code = self.cat_code
@@ -178,7 +215,7 @@ class _Reducer:
         cpu_events = self.cpu_events
         dev_stream, stream_of = self.dev_stream, self.stream_of
         runtime_s, runtime_e = self.runtime_s, self.runtime_e
-        isfinite = math.isfinite
+        min_ts, max_ts, max_dur = -_MAX_TS_US, _MAX_TS_US, _MAX_DUR_US  # locals: hot loop
         complete = skipped = 0  # written back to self after the loop
         for ev in events:
             if ev.ph != "X":
@@ -189,16 +226,17 @@ class _Reducer:
                 code = cat_code[raw_cat] = _cat_code(raw_cat)
             ts = ev.ts
             dur = ev.dur
+            # Comparisons, not isfinite: they also bound ints too large for a float (isfinite
+            # raises on those), and a NaN fails them. Float bounds: int-vs-float comparison is
+            # the slow path.
             valid = (
-                ts is not None
-                and dur is not None
-                and dur >= 0.0  # a float literal: int-vs-float comparison is the slow path
-                and isfinite(ts)
-                and isfinite(dur)
+                ts is not None and dur is not None and 0.0 <= dur < max_dur and min_ts < ts < max_ts
             )
             if code < _CAT_LAUNCH:  # a device event: code is its KIND_*
                 if not valid:
                     skipped += 1
+                    if _out_of_range(ts, dur):
+                        self.out_of_range += 1
                     continue
                 complete += 1
                 name = ev.name or ""
@@ -246,6 +284,8 @@ class _Reducer:
                     dev_kind.append(code)
                 continue
             if not valid:
+                if _out_of_range(ts, dur):
+                    self.out_of_range += 1
                 continue
             complete += 1
             if code == _CAT_CPU_OTHER and raw_cat not in _KNOWN_HOST_CATS:
@@ -303,7 +343,7 @@ class _Reducer:
             if args.flops is not None:
                 self._add_flops(args.flops)
             if flags & _N_FLOP_OP:
-                est, why = estimate_flops(name, args.input_dims, args.concrete)
+                est, why = _flop_estimate(name, args)
                 self.flop_ops.append((tid, ts, end, est, why))
                 ext = _as_int(args.external_id)
                 if ext is not None:
@@ -332,7 +372,7 @@ class _Reducer:
 
     def _add_flops(self, flops: Num) -> None:
         fl = _finite(flops)
-        if fl is not None and fl >= 0:
+        if fl is not None and 0 <= fl < _MAX_FLOPS:
             self.flops_total += fl
             self.flops_ops += 1
 
@@ -404,7 +444,13 @@ class _Reducer:
         else:
             flops_total, flops_ops, flops_source = None, 0, None
 
-        corr_sorted = sorted(self.launch_ts)
+        corr_sorted = sorted(c for c in self.launch_ts if -_INT64 <= c < _INT64)
+        notes = []
+        if self.out_of_range:
+            notes.append(
+                f"{self.out_of_range} events with a ts beyond ±1e18 us or a dur beyond 1e15 us "
+                "(not times a profiler writes) were skipped"
+            )
         return RankTrace(
             path=p,
             rank=rank,
@@ -425,11 +471,12 @@ class _Reducer:
             dev_start=np.asarray(self.dev_start, dtype=np.float64),
             dev_end=np.asarray(self.dev_end, dtype=np.float64),
             dev_kind=np.asarray(self.dev_kind, dtype=np.int8),
-            dev_corr=np.asarray(self.dev_corr, dtype=np.int64),
+            dev_corr=_int64_array(self.dev_corr),
             dev_name=np.asarray(self.dev_name, dtype=np.int32),
             kernel_names=list(self.name_index),
             comm_args=self.comm_args,
             launch_corr=np.asarray(corr_sorted, dtype=np.int64),
+            notes=notes,
             launch_ts=np.fromiter(
                 map(self.launch_ts.__getitem__, corr_sorted),
                 dtype=np.float64,
@@ -452,11 +499,22 @@ class _Reducer:
             flops_total=flops_total,
             flops_ops=flops_ops,
             time_base_us=self.base if self.base is not None else 0.0,
-            dev_ext=np.asarray(self.dev_ext, dtype=np.int64),
+            dev_ext=_int64_array(self.dev_ext),
             gemm_precision=self.gemm_prec,
             flops_source=flops_source,
             flops_estimate_skipped=est_skipped,
         )
+
+
+def _flop_estimate(name: str, args: _Args) -> tuple[float | None, str]:
+    """``estimate_flops``, with shapes too large for a float (hostile Input Dims) refused."""
+    try:
+        est, why = estimate_flops(name, args.input_dims, args.concrete)
+    except OverflowError:
+        return None, "Input Dims too large for a FLOP count"
+    if est is not None and not 0 <= est < _MAX_FLOPS:
+        return None, "Input Dims too large for a FLOP count"
+    return est, why
 
 
 def _is_comm_name(name: str) -> bool:

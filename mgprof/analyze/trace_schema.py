@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import msgspec
 
@@ -70,16 +71,26 @@ class _DistInfo(msgspec.Struct):
     pg_config: list[_PgConfig] | None = None
 
 
+_INT64 = 1 << 63
+_INT_TEXT = re.compile(r"\s*-?[0-9]{1,19}\s*")
+
+
 def _as_int(v: object) -> int | None:
+    """An integer within int64 from an int, an integral float or a decimal string; else None.
+
+    Values beyond 64 bits are no id, rank or count a profiler writes: they are treated as
+    missing, so that no array conversion or arithmetic on them can overflow.
+    """
+    n: int | None = None
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
-        return v
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-        return int(v)
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
-        return int(v)
-    return None
+        n = v
+    elif isinstance(v, float):
+        n = int(v) if math.isfinite(v) and v.is_integer() else None
+    elif isinstance(v, str):
+        n = int(v) if _INT_TEXT.fullmatch(v) else None
+    return n if n is not None and -_INT64 <= n < _INT64 else None
 
 
 def _as_str(v: object) -> str | None:
@@ -158,6 +169,8 @@ def _input_bytes(a: _Args | None) -> int | None:
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             continue
         total += math.prod(shape) * size
+        if total >= _INT64:
+            return None  # no tensor is this large: hostile Input Dims
     return total or None
 
 
@@ -190,5 +203,8 @@ def _device_props(raw: msgspec.Raw) -> list[dict[str, object]]:
 def _finite(v: Num) -> float | None:
     if v is None or isinstance(v, bool):
         return None
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an int too large for a float
+        return None
     return f if math.isfinite(f) else None

@@ -393,8 +393,8 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
         na["rank"] = "no distributedInfo.rank and no rank in the file name"
     if rt.skipped_device_events:
         na["skipped_device_events"] = (
-            f"{rt.skipped_device_events} device events had a missing or negative dur and were "
-            "left out of every figure"
+            f"{rt.skipped_device_events} device events had a missing, negative or out-of-range "
+            "ts/dur and were left out of every figure"
         )
     definitions = dict(DEFINITIONS[kind])
     definitions.update(DEFINITIONS_COMMON)

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from mgprof.commands.trace import add_max_trace_size, trace_size_override, write_out
 from mgprof.errors import UsageError
 
 Renderer = Callable[[Any, Mapping[str, Any]], str]
+T = TypeVar("T")
 
 
 def _html_renderer() -> Renderer | None:
@@ -53,6 +56,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--out", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     p.add_argument("--force", action="store_true", help="let --out replace an existing file")
+    add_max_trace_size(p)
     p.set_defaults(func=run)
 
 
@@ -71,22 +75,32 @@ def build_analysis(run: Any, run_dir: Path) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from mgprof.records import read_run
+    from mgprof.safe_read import check_out_path, file_problem
 
     out = Path(args.out) if args.out else None
     if out is not None and args.format == "term":
         raise UsageError("--out needs --format json, md or html; the terminal report is printed")
-    if out is not None and out.exists() and not args.force:
-        raise UsageError(f"{out} exists; pass --force to replace it or choose another --out")
+    if out is not None:
+        check_out_path(out, force=args.force)
     path = Path(args.run_dir)
-    if not path.exists():
+    # file_problem and os.path.isdir never raise (Path.exists does, on permission denied)
+    problem = file_problem(path)
+    if problem == "no such file":
         raise UsageError(f"{path} does not exist; give a run directory made by 'mgprof analyze'")
+    if problem is not None and not os.path.isdir(path):
+        raise UsageError(
+            f"{path}: {problem}; give a run directory made by 'mgprof analyze' or its run.json"
+        )
     if _is_comparison(path):
-        return _render_comparison(path, args.format, out)
+        return _render_comparison(path, args.format, out, args.force)
     if _is_sweep(path):
-        return _render_sweep(path, args.format, out)
+        return _render_sweep(path, args.format, out, args.force)
     run_record = read_run(path)
     run_dir = path if path.is_dir() else path.parent
-    analysis = build_analysis(run_record, run_dir)
+    if out is not None:
+        check_out_path(out, force=args.force, inputs=_run_inputs(run_record, path, run_dir))
+    with trace_size_override(getattr(args, "max_trace_size", None)):
+        analysis = build_analysis(run_record, run_dir)
     if args.format == "term":
         from rich.console import Console
 
@@ -98,29 +112,56 @@ def run(args: argparse.Namespace) -> int:
     return _emit(text, out)
 
 
+def _run_inputs(run_record: Any, path: Path, run_dir: Path) -> list[Path]:
+    """The files a run report reads: run.json and every trace it lists."""
+    files = [path / "run.json" if path.is_dir() else path]
+    files += [run_dir / rel for rec in run_record.ranks for rel in rec.traces]
+    return files
+
+
 def _emit(text: str, out: Path | None) -> int:
     """Text reports go to --out atomically, else to stdout."""
     if out is not None:
-        from mgprof.atomic import write_text_atomic
-
-        write_text_atomic(out, text)
+        write_out(out, text)
     else:
         sys.stdout.write(text)
     return 0
 
 
+def _read_record(path: Path, reader: Callable[[Path], T]) -> T:
+    """``reader(path)`` on a comparison.json / sweep.json checked first to be a regular file
+    within the record size limit; deep nesting or memory exhaustion is one line too."""
+    from mgprof.safe_read import check_size, open_regular
+
+    hint = "give a directory made by 'mgprof compare' or 'mgprof sweep', or its JSON file"
+    with open_regular(path, hint=hint) as fh:
+        check_size(fh, path)  # the reader then reads the file itself
+    try:
+        return reader(path)
+    except RecursionError:
+        raise UsageError(
+            f"{path}: JSON is nested too deeply (about 1000 levels or more): not an mgprof record"
+        ) from None
+    except MemoryError:
+        raise UsageError(f"{path}: ran out of memory while reading it; free memory") from None
+
+
 def _is_sweep(path: Path) -> bool:
     """A directory made by ``mgprof sweep`` (sweep.json, no run.json), or that file."""
-    if path.is_dir():
-        return (path / "sweep.json").is_file() and not (path / "run.json").exists()
+    if os.path.isdir(path):  # os.path never raises (Path.is_file does, on permission denied)
+        return os.path.isfile(path / "sweep.json") and not os.path.exists(path / "run.json")
     return path.name == "sweep.json"
 
 
-def _render_sweep(path: Path, fmt: str, out: Path | None) -> int:
+def _render_sweep(path: Path, fmt: str, out: Path | None, force: bool) -> int:
     from mgprof.report.sweep_view import render_sweep, sweep_to_json, sweep_to_markdown
+    from mgprof.safe_read import check_out_path
     from mgprof.studies.sweep import read_sweep
 
-    result = read_sweep(path / "sweep.json" if path.is_dir() else path)
+    record = path / "sweep.json" if path.is_dir() else path
+    if out is not None:
+        check_out_path(out, force=force, inputs=[record])
+    result = _read_record(record, read_sweep)
     if fmt == "term":
         from rich.console import Console
 
@@ -133,16 +174,20 @@ def _render_sweep(path: Path, fmt: str, out: Path | None) -> int:
 
 def _is_comparison(path: Path) -> bool:
     """A directory made by ``mgprof compare`` (comparison.json, no run.json), or that file."""
-    if path.is_dir():
-        return (path / "comparison.json").is_file() and not (path / "run.json").exists()
+    if os.path.isdir(path):  # os.path never raises (Path.is_file does, on permission denied)
+        return os.path.isfile(path / "comparison.json") and not os.path.exists(path / "run.json")
     return path.name == "comparison.json"
 
 
-def _render_comparison(path: Path, fmt: str, out: Path | None) -> int:
+def _render_comparison(path: Path, fmt: str, out: Path | None, force: bool) -> int:
     from mgprof.analyze.scaling import read_comparison
     from mgprof.report import compare_view
+    from mgprof.safe_read import check_out_path
 
-    comp = read_comparison(path)
+    record = path / "comparison.json" if path.is_dir() else path
+    if out is not None:
+        check_out_path(out, force=force, inputs=[record])
+    comp = _read_record(record, read_comparison)
     if fmt == "term":
         from rich.console import Console
 

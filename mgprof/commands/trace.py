@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,29 +34,93 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--workers", type=int, default=None, metavar="N", help="processes (default: CPU count)"
     )
+    add_max_trace_size(p)
     p.set_defaults(func=run)
+
+
+def size_arg(text: str) -> int:
+    """argparse type for ``4G``, ``512M``, a byte count."""
+    from mgprof.safe_read import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_max_trace_size(p: argparse.ArgumentParser) -> None:
+    """``--max-trace-size SIZE`` (shared with ``mgprof report``, which reads traces too)."""
+    p.add_argument(
+        "--max-trace-size",
+        type=size_arg,
+        default=None,
+        metavar="SIZE",
+        help="largest trace read, decompressed (e.g. 8G, 512M; default 4G, or "
+        "$MGPROF_MAX_TRACE_BYTES); setting it also lifts the gzip compression-ratio check",
+    )
+
+
+@contextmanager
+def trace_size_override(nbytes: int | None) -> Iterator[None]:
+    """Set ``MGPROF_MAX_TRACE_BYTES`` (read by the loader, inherited by worker processes) for
+    the duration of a command; the previous value is restored after. A bad value already set
+    in the environment is reported here, in one line, before any work."""
+    from mgprof.analyze.trace_load import MAX_TRACE_ENV, trace_size_limit
+
+    if nbytes is None:
+        trace_size_limit()
+        yield
+        return
+    before = os.environ.get(MAX_TRACE_ENV)
+    os.environ[MAX_TRACE_ENV] = str(nbytes)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(MAX_TRACE_ENV, None)
+        else:
+            os.environ[MAX_TRACE_ENV] = before
+
+
+def write_out(out: Path, text: str) -> None:
+    """``--out``, written atomically; a failed write (read-only folder, full disk) is one line."""
+    from mgprof.atomic import write_text_atomic
+
+    try:
+        write_text_atomic(out, text)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write --out {out}: {exc.strerror or exc}; choose another --out"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
     # Imports here keep `mgprof --help` fast and free of numpy.
     from mgprof.analyze.trace_summary import analyze_job, find_trace_files
-    from mgprof.atomic import write_text_atomic
     from mgprof.report.trace_terminal import jobs_to_json, render_job
+    from mgprof.safe_read import check_out_path
 
     if args.top < 0:
         raise UsageError("--top must be 0 or more")
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be 1 or more")
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not args.force:
-        raise UsageError(f"{out} exists; pass --force to replace it or choose another --out")
+    if out is not None:
+        check_out_path(out, force=args.force)
     baseline = _read_baseline(Path(args.bandwidth)) if args.bandwidth else None
     skipped: list[str] = []
     groups = find_trace_files(args.paths, skipped)
-    jobs = [analyze_job(files, top=args.top, workers=args.workers) for files in groups.values()]
+    if out is not None:
+        inputs = [f for files in groups.values() for f in files]
+        check_out_path(out, force=args.force, inputs=[*inputs, *args.paths])
+    with trace_size_override(getattr(args, "max_trace_size", None)):
+        jobs = [analyze_job(files, top=args.top, workers=args.workers) for files in groups.values()]
     if skipped:
         for job in jobs:
-            job.not_applicable["skipped_files"] = "; ".join(skipped)
+            unreadable = job.not_applicable.get("skipped_files")
+            job.not_applicable["skipped_files"] = "; ".join(
+                skipped + ([unreadable] if unreadable else [])
+            )
     if baseline is not None:
         import msgspec
 
@@ -64,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
                 plain = msgspec.to_builtins(rank.collectives)
                 rank.attainable = against_baseline(plain, baseline)
     if out is not None or args.json:
-        text = json.dumps(jobs_to_json(jobs), indent=2, allow_nan=False) + "\n"
+        text = _dumps(jobs_to_json(jobs))
         if out is not None:
-            write_text_atomic(out, text)
+            write_out(out, text)
         else:
             sys.stdout.write(text)
         return 0
@@ -78,15 +145,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dumps(data: Any) -> str:
+    """The JSON text; a non-finite number (which JSON cannot hold) is one line, not a traceback.
+
+    The loader skips events whose times are out of range, so none should reach here."""
+    try:
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    except ValueError as exc:
+        raise UsageError(
+            f"a figure came out non-finite ({exc}); the traces hold values out of range, "
+            "please report it with the trace"
+        ) from None
+
+
 def _read_baseline(path: Path) -> dict[str, Any]:
     """A ``mgprof doctor --bandwidth --out`` file; UsageError (exit 2) when it is not one."""
+    from mgprof.safe_read import file_problem, read_regular
+
+    if file_problem(path) == "no such file":
+        raise UsageError(f"{path} not found; make it with 'mgprof doctor --bandwidth --out {path}'")
+    raw = read_regular(path, hint="give a file made by 'mgprof doctor --bandwidth --out'")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(
-            f"{path} not found; make it with 'mgprof doctor --bandwidth --out {path}'"
-        ) from None
-    except (OSError, ValueError) as exc:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"{path} is not a bandwidth baseline ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise UsageError(
