@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _bandwidth(args: argparse.Namespace) -> int:
     from mgprof.errors import UsageError
+    from mgprof.report.safe_text import printable
     from mgprof.run.bandwidth_probe import run_probe
 
     if args.gpus < 2:
@@ -85,7 +86,7 @@ def _bandwidth(args: argparse.Namespace) -> int:
         raise UsageError(f"--iters must be at least 1, got {args.iters}")
     out = Path(args.out) if args.out else None
     if out is not None and out.exists():
-        raise UsageError(f"{out} exists; choose another --out (nothing was measured)")
+        raise UsageError(f"{printable(out)} exists; choose another --out (nothing was measured)")
     result = run_probe(args.gpus, parse_sizes(args.sizes), iters=args.iters)
     if out is not None:
         from mgprof.atomic import write_text_atomic

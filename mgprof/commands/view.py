@@ -2,7 +2,8 @@
 
 Parses arguments and calls ``mgprof.view.tensorboard`` / ``mgprof.view.scalars``; the server
 runs in the foreground until Ctrl-C, which stops it and exits 0 (stopping the viewer is the
-normal way out).
+normal way out). Paths, the host and error text are printed through ``safe_text.printable``:
+control characters (terminal escape sequences) in a folder name show escaped.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mgprof.errors import UsageError
+from mgprof.report.safe_text import printable
 from mgprof.view import tensorboard as viewer
 
 
@@ -44,15 +46,19 @@ def register(subparsers: Any) -> None:
 
 def _logdir(path: Path) -> tuple[Path, list[Path]]:
     if not path.exists():
-        raise UsageError(f"{path} does not exist; give a run directory made by 'mgprof analyze'")
+        raise UsageError(
+            f"{printable(path)} does not exist; give a run directory made by 'mgprof analyze'"
+        )
     if path.is_file():
         if path.name != "run.json":
-            raise UsageError(f"{path} is a file; give a run directory (or a folder of runs)")
+            raise UsageError(
+                f"{printable(path)} is a file; give a run directory (or a folder of runs)"
+            )
         path = path.parent
     runs, has_traces = viewer.find_logdir_runs(path)
     if not runs and not has_traces:
         raise UsageError(
-            f"{path} holds no run.json and no *.pt.trace.json[.gz] traces; "
+            f"{printable(path)} holds no run.json and no *.pt.trace.json[.gz] traces; "
             "give a run directory made by 'mgprof analyze' or a folder of them"
         )
     return path, runs
@@ -73,12 +79,13 @@ def _refresh_scalars(runs: list[Path]) -> None:
         try:
             write_scalars(run_dir, read_run(run_dir))
         except RunRecordError as exc:
-            print(f"mgprof view: warning: no scalars for {run_dir}: {exc}", file=sys.stderr)
-        except OSError as exc:
             print(
-                f"mgprof view: warning: cannot write scalars to {run_dir}: {exc.strerror}",
+                printable(f"mgprof view: warning: no scalars for {run_dir}: {exc}"),
                 file=sys.stderr,
             )
+        except OSError as exc:
+            why = f"cannot write scalars to {run_dir}: {exc.strerror}"
+            print(printable(f"mgprof view: warning: {why}"), file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     logdir, runs = _logdir(Path(args.run_dir))
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
-            f"mgprof view: warning: --host {args.host} lets other machines that can reach this "
-            "one read the traces; TensorBoard has no login",
+            f"mgprof view: warning: --host {printable(args.host)} lets other machines that can "
+            "reach this one read the traces; TensorBoard has no login",
             file=sys.stderr,
         )
     viewer.check_port_free(args.host, args.port)
@@ -100,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             viewer.wait_until_serving(url, timeout_s=120, proc=proc)
         except viewer.ViewerError as exc:
-            print(f"mgprof view: error: {exc}", file=sys.stderr)
+            print(printable(f"mgprof view: error: {exc}", multiline=True), file=sys.stderr)
             viewer.stop_tensorboard(proc)
             return 1
-        print(f"mgprof view: serving {logdir} at {url}  (Ctrl-C to stop)", flush=True)
+        print(printable(f"mgprof view: serving {logdir} at {url}  (Ctrl-C to stop)"), flush=True)
         if not args.no_browser:
             try:
                 webbrowser.open(url)

@@ -1,7 +1,9 @@
 """Render a ``mgprof compare`` result: rich table, Markdown and JSON from one set of cells.
 
 Cells are built once (``table_cells``) so the three forms never disagree. Terminal cells are
-``rich.text.Text``, never markup, because notes quote error text that may contain brackets.
+``rich.text.Text``, never markup, because notes quote error text that may contain brackets; every
+string from the comparison (script, strategy names, notes, paths) goes through ``safe_text``, so
+control characters show escaped and Markdown cannot be broken or carry HTML.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mgprof.analyze.scaling import Comparison, Row, encode_comparison
+from mgprof.report.safe_text import json_text, md_link, md_text, rich_text
 
 SHORT_COLUMNS = (
     "strategy",
@@ -124,37 +127,39 @@ def render_comparison(comp: Comparison, console: Console, where: str | None = No
     """The terminal form: header, table, verdict, notes."""
     console.rule(Text("mgprof compare", style="bold"), align="left")
     for line in header_lines(comp):
-        console.print(Text(line))
+        console.print(rich_text(line))
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0))
     for i, col in enumerate(SHORT_COLUMNS):
         table.add_column(Text(col), justify="left" if i == 0 else "right", no_wrap=True)
     for cells in table_cells(comp):
-        table.add_row(*(Text(c, style="dim" if c in ("n/a", "-") else "") for c in cells))
+        table.add_row(*(rich_text(c, style="dim" if c in ("n/a", "-") else "") for c in cells))
     console.print(table)
-    console.print(Text("verdict: ", style="bold") + Text(comp.verdict))
+    console.print(Text("verdict: ", style="bold") + rich_text(comp.verdict, multiline=True))
     for line in note_lines(comp):
-        console.print(Text(line, style="dim"))
+        console.print(rich_text(line, style="dim", multiline=True))
     if where:
-        console.print(Text(f"\ncomparison directory: {where}"))
-        console.print(Text(f"re-render: mgprof report {where}"))
+        console.print(Text("\ncomparison directory: ") + rich_text(where))
+        console.print(Text("re-render: mgprof report ") + rich_text(where))
 
 
 def comparison_to_markdown(comp: Comparison) -> str:
     """GitHub-flavoured Markdown of the same table, with links to each strategy's run."""
-    out = [f"# mgprof compare: {comp.comparison_id or comp.script}", ""]
-    out += [f"- {line}" for line in header_lines(comp)]
+    out = [f"# mgprof compare: {md_text(comp.comparison_id or comp.script)}", ""]
+    out += [f"- {md_text(line)}" for line in header_lines(comp)]
     out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for cells in table_cells(comp):
-        escaped = [c.replace("|", "\\|") for c in cells]
-        out.append("| " + " | ".join(escaped) + " |")
-    out += ["", f"**Verdict:** {comp.verdict}", ""]
-    out += [f"- {line}" for line in note_lines(comp)]
+        out.append("| " + " | ".join(md_text(c) for c in cells) + " |")
+    out += ["", f"**Verdict:** {md_text(comp.verdict)}", ""]
+    out += [f"- {md_text(line)}" for line in note_lines(comp)]
     if comp.runs:
         out += ["", "## Runs", ""]
-        out += [f"- {s}: [{name}]({name}/report.md)" for s, name in comp.runs.items()]
+        out += [
+            f"- {md_text(s)}: {md_link(name, f'{name}/report.md')}" for s, name in comp.runs.items()
+        ]
     return "\n".join(out) + "\n"
 
 
 def comparison_to_json(comp: Comparison) -> str:
-    """The comparison.json content, as printed by ``--format json``."""
-    return encode_comparison(comp).decode("utf-8") + "\n"
+    """The comparison.json content, as printed by ``--format json`` (``safe_text.json_text``:
+    control characters as ``\\u`` escapes, the same JSON value)."""
+    return json_text(encode_comparison(comp).decode("utf-8")) + "\n"

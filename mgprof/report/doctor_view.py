@@ -1,7 +1,9 @@
 """Render ``mgprof doctor``'s environment facts (a plain dict) as rich tables.
 
 Takes the dict from ``mgprof.collect.environment.collect_environment`` and nothing else, so this
-module stays free of torch and pynvml like the rest of ``report/``.
+module stays free of torch and pynvml like the rest of ``report/``. Every value (device names,
+driver strings, environment variables, error text) enters rich as ``Text`` through ``safe_text``:
+never markup, control characters shown escaped.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from mgprof.report.safe_text import rich_text
 
 __all__ = ["render_doctor"]
 
@@ -23,6 +28,11 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.0f}" if value >= 100 else f"{value:g}"
     return str(value)
+
+
+def _cell(value: Any) -> Text:
+    """A table cell: the value as text (``safe_text``), never markup."""
+    return rich_text(_fmt(value))
 
 
 def _software(env: Mapping[str, Any]) -> Table:
@@ -53,7 +63,7 @@ def _software(env: Mapping[str, Any]) -> Table:
         if env_value is not None:
             rows.append((env_name, env_value))
     for name, value in rows:
-        table.add_row(name, _fmt(value))
+        table.add_row(rich_text(name), _cell(value))
     return table
 
 
@@ -70,15 +80,15 @@ def _gpus(gpus: list[Mapping[str, Any]]) -> Table:
             else "-"
         )
         table.add_row(
-            _fmt(gpu.get("cuda_index")),
-            _fmt(gpu.get("nvml_index")),
-            _fmt(gpu.get("name")),
-            _fmt(gpu.get("memory_total_mib")),
-            _fmt(gpu.get("compute_capability")),
-            _fmt(gpu.get("uuid")),
-            _fmt(gpu.get("pci_bus_id")),
-            nvlink,
-            pcie,
+            _cell(gpu.get("cuda_index")),
+            _cell(gpu.get("nvml_index")),
+            _cell(gpu.get("name")),
+            _cell(gpu.get("memory_total_mib")),
+            _cell(gpu.get("compute_capability")),
+            _cell(gpu.get("uuid")),
+            _cell(gpu.get("pci_bus_id")),
+            _cell(nvlink),
+            _cell(pcie),
         )
     return table
 
@@ -91,10 +101,10 @@ def _topology(topology: list[Mapping[str, Any]]) -> Table:
     )
     table.add_column("")
     for i in indices:
-        table.add_column(f"GPU{i}")
+        table.add_column(rich_text(f"GPU{i}"))
     for a in indices:
-        cells = ["X" if a == b else level.get((min(a, b), max(a, b)), "-") for b in indices]
-        table.add_row(f"GPU{a}", *cells)
+        cells = [_cell("X" if a == b else level.get((min(a, b), max(a, b)), "-")) for b in indices]
+        table.add_row(_cell(f"GPU{a}"), *cells)
     return table
 
 
@@ -115,26 +125,29 @@ def render_doctor(env: Mapping[str, Any], console: Console | None = None) -> Non
         "[bold]mgprof will fall back to[/bold]:" if fallbacks else "[bold]Fallbacks[/bold]: none"
     )
     for line in fallbacks:
-        out.print(f"  - {line}", markup=False)
+        out.print(rich_text(f"  - {line}", multiline=True, highlight=True))
     for gpu in gpus:
         if gpu.get("nvml_mapping_error"):
             out.print(
-                f"  - cuda:{gpu.get('cuda_index')}: {gpu['nvml_mapping_error']}", markup=False
+                rich_text(
+                    f"  - cuda:{gpu.get('cuda_index')}: {gpu['nvml_mapping_error']}",
+                    multiline=True,
+                    highlight=True,
+                )
             )
     for line in env.get("probe_errors") or []:
-        out.print(f"[yellow]probe failed[/yellow]: {line}", highlight=False)
+        out.print(Text("probe failed", style="yellow") + rich_text(f": {line}", multiline=True))
 
 
 def render_bandwidth(result: Mapping[str, Any], console: Console | None = None) -> None:
     """The measured bus bandwidth per collective and size (``mgprof doctor --bandwidth``)."""
     console = console or Console()
-    table = Table(
-        title=(
-            f"Collective bandwidth: {result.get('world_size')} ranks, backend "
-            f"{result.get('backend')} on {result.get('device')} "
-            f"({result.get('iters')} timed calls per size)"
-        )
+    title = (
+        f"Collective bandwidth: {result.get('world_size')} ranks, backend "
+        f"{result.get('backend')} on {result.get('device')} "
+        f"({result.get('iters')} timed calls per size)"
     )
+    table = Table(title=rich_text(title, "table.title"))
     for col in ("op", "bytes", "time us", "algbw GB/s", "busbw GB/s"):
         table.add_column(col, justify="left" if col == "op" else "right")
     for row in result.get("rows", []):
@@ -142,11 +155,15 @@ def render_bandwidth(result: Mapping[str, Any], console: Console | None = None) 
             continue
         if row.get("error"):
             table.add_row(
-                str(row.get("op")), str(row.get("bytes")), "n/a", "n/a", str(row["error"])
+                _cell(row.get("op")),
+                _cell(row.get("bytes")),
+                "n/a",
+                "n/a",
+                _cell(row["error"]),
             )
             continue
         table.add_row(
-            str(row.get("op")),
+            _cell(row.get("op")),
             f"{row.get('bytes'):,}",
             f"{row.get('time_us', 0):,.1f}",
             f"{row.get('algbw_gbps', 0):.3f}",

@@ -98,7 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = write_report_files(run_dir, read_run(run_dir))
     except Exception as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        from mgprof.report.safe_text import printable
+
+        print(printable(f"{type(exc).__name__}: {exc}"), file=sys.stderr)
         return 1
     for path in result.written:
         print(path.name)

@@ -6,6 +6,8 @@ CDN), and the chart data travels as JSON in a ``<script type="application/json">
 script. Every text node goes through ``html.escape``; names from traces (kernel names hold ``<``,
 ``>`` and ``&``) therefore show as text, never as markup. Chart labels are escaped too, because
 Plotly reads a small HTML subset in labels and turns entities back into plain characters.
+Control and bidi characters are shown escaped first (``safe_text.printable``), as in every other
+renderer, so a name reads the same in report.html as in the terminal.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from mgprof.errors import UsageError
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run_sections import Section, Table, build_sections, definitions
+from mgprof.report.safe_text import printable
 
 __all__ = ["HtmlDependencyMissing", "chart_figures", "run_to_html"]
 
@@ -50,12 +53,14 @@ def _plotly_js() -> str:
 
 
 def _label(text: Any) -> str:
-    """A chart label: Plotly renders a subset of HTML in labels, so escape like a text node."""
-    return html.escape(str(text), quote=True)
+    """A chart label: Plotly renders a subset of HTML in labels, so escape like a text node
+    (one line: a newline is shown as ``\\n``)."""
+    return html.escape(printable(text), quote=True)
 
 
 def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
+    """A text node or attribute value: control characters shown escaped, newlines kept."""
+    return html.escape(printable(text, multiline=True), quote=True)
 
 
 def _json_for_script(data: Any) -> str:
@@ -132,7 +137,7 @@ def _breakdown_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
         step_ms = _num(_dict(rank.get("step_time_ms")).get("mean"))
         if step_ms is None:
             continue
-        labels.append(f"rank {rank.get('rank')}")
+        labels.append(_label(f"rank {rank.get('rank')}"))
         shares = _window_shares(_list(traces.get(str(rank.get("rank")))))
         if shares is None:
             for key in parts:

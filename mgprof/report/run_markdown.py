@@ -1,7 +1,9 @@
 """GitHub-flavoured Markdown rendering of a run report (``mgprof report --format md``).
 
 Names from traces are untrusted: ``|`` would split a table cell and ``<``/``>``/``&`` could inject
-HTML where Markdown is rendered (GitHub, MkDocs), so every cell is escaped.
+HTML where Markdown is rendered (GitHub, MkDocs), so every cell is escaped; control characters
+(terminal escape sequences) are shown escaped too, for whoever ``cat``s report.md
+(``mgprof.report.safe_text``).
 """
 
 from __future__ import annotations
@@ -13,25 +15,13 @@ from typing import Any
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run_sections import Section, Table, build_sections, definitions
-
-_ESCAPES = {
-    "&": "&amp;",
-    "<": "&lt;",
-    ">": "&gt;",
-    "|": "\\|",
-    "\\": "\\\\",
-    "`": "\\`",
-    "*": "\\*",
-    "_": "\\_",
-    "[": "\\[",
-    "]": "\\]",
-}
+from mgprof.report.safe_text import md_text, printable
 
 
 def escape_md(text: str) -> str:
-    """Text that renders literally in a GFM table cell or paragraph (one line, no HTML)."""
-    out = "".join(_ESCAPES.get(ch, ch) for ch in text)
-    return " ".join(out.splitlines())
+    """Text that renders literally in a GFM table cell or paragraph (one line, no HTML, control
+    characters shown escaped): ``safe_text.md_text``."""
+    return md_text(text)
 
 
 def _table(table: Table) -> list[str]:
@@ -75,8 +65,10 @@ def _section(section: Section) -> list[str]:
     return lines
 
 
-def _code_block(lines: list[str]) -> list[str]:
-    """A fenced block shown verbatim: its fence is longer than any backtick run inside."""
+def _code_block(raw: list[str]) -> list[str]:
+    """A fenced block shown verbatim: its fence is longer than any backtick run inside, and
+    control characters are shown escaped (``safe_text.printable``)."""
+    lines = [printable(line) for line in raw]
     longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
     fence = "`" * max(3, longest + 1)
     return [f"{fence}text", *lines, fence]

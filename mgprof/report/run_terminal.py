@@ -1,7 +1,9 @@
 """Rich terminal rendering of a run report (``mgprof report --format term``).
 
 Every cell is a ``rich.text.Text``, never markup: kernel and device names come from traces and
-a name like ``[bold]`` or ``[/]`` must print as itself, not restyle or break the report.
+a name like ``[bold]`` or ``[/]`` must print as itself, not restyle or break the report. Every
+string goes through ``safe_text`` (``rich_text``), so an escape sequence in a name or an error
+shows as ``\\x1b`` instead of acting on the terminal.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from rich.text import Text
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run_sections import Section, Table, build_sections, definitions
+from mgprof.report.safe_text import rich_text
 
 _SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
-def _cell(text: str) -> Text:
-    return Text(text, style="dim" if text.startswith("n/a") else "")
+def _cell(text: str, multiline: bool = False) -> Text:
+    return rich_text(text, style="dim" if text.startswith("n/a") else "", multiline=multiline)
 
 
 def _facts(facts: list[tuple[str, str]], console: Console) -> None:
@@ -31,7 +34,7 @@ def _facts(facts: list[tuple[str, str]], console: Console) -> None:
     grid.add_column(style="bold")
     grid.add_column()
     for key, value in facts:
-        grid.add_row(Text(key), _cell(value))
+        grid.add_row(rich_text(key), _cell(value, multiline=True))
     console.print(grid)
 
 
@@ -39,7 +42,7 @@ def _table(table: Table, console: Console) -> None:
     out = RichTable(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, col in enumerate(table.columns):
         out.add_column(
-            Text(col), justify="left" if i < table.numeric_from else "right", overflow="fold"
+            rich_text(col), justify="left" if i < table.numeric_from else "right", overflow="fold"
         )
     for row in table.rows:
         out.add_row(*(_cell(c) for c in row))
@@ -50,25 +53,25 @@ def _render_failure(summary: FailureSummary, console: Console) -> None:
     """The failure summary: the error and first failing rank, the end of its traceback, steps
     recorded per rank, then notes (short: the report of a failed run starts, or is, this)."""
     sec = summary.section
-    console.rule(Text(sec.title, style="bold red"), align="left")
+    console.rule(rich_text(sec.title, style="bold red"), align="left")
     _facts(sec.facts, console)
     if summary.traceback:
-        console.print(Text(summary.traceback_title + ":", style="bold"))
+        console.print(rich_text(summary.traceback_title + ":", style="bold"))
         for line in summary.traceback:
-            console.print(Text("  " + line, style="dim" if line.startswith(" ") else ""))
+            console.print(rich_text("  " + line, style="dim" if line.startswith(" ") else ""))
     for table in sec.tables:
         _table(table, console)
     for note in sec.notes:
-        console.print(Text(note, style="italic"))
+        console.print(rich_text(note, style="italic", multiline=True))
     console.print()
 
 
 def _render_section(section: Section, console: Console) -> None:
-    console.rule(Text(section.title, style="bold"), align="left")
+    console.rule(rich_text(section.title, style="bold"), align="left")
     if section.notice:
         console.print(
             Panel(
-                Text(section.notice),
+                rich_text(section.notice, multiline=True),
                 title=Text("CPU fallback", style="bold yellow"),
                 border_style="yellow",
                 expand=True,
@@ -81,22 +84,17 @@ def _render_section(section: Section, console: Console) -> None:
     for finding in section.findings:
         severity = finding.get("severity", "")
         head = Text.assemble(
-            (f"[{severity}] ", _SEVERITY_STYLE.get(severity.lower(), "")),
-            (finding.get("title", ""), "bold"),
+            rich_text(f"[{severity}] ", _SEVERITY_STYLE.get(severity.lower(), "")),
+            rich_text(finding.get("title", ""), "bold"),
         )
         console.print(head)
-        if finding.get("evidence"):
-            console.print(Text("  evidence: " + finding["evidence"]))
-        if finding.get("cause"):
-            console.print(Text("  cause:    " + finding["cause"]))
-        if finding.get("change"):
-            console.print(Text("  change:   " + finding["change"]))
-        if finding.get("saving"):
-            console.print(Text("  saving:   " + finding["saving"]))
+        for key in ("evidence", "cause", "change", "saving"):
+            if finding.get(key):
+                console.print(rich_text(f"  {key + ':':<9} " + finding[key], multiline=True))
     for note in section.notes:
-        console.print(Text(note, style="italic"))
+        console.print(rich_text(note, style="italic", multiline=True))
     for footnote in section.footnotes:
-        console.print(Text(footnote, style="dim"))
+        console.print(rich_text(footnote, style="dim", multiline=True))
     console.print()
 
 
@@ -121,4 +119,6 @@ def render_run(run: RunRecord, analysis: Mapping[str, Any], console: Console) ->
     if defs:
         console.rule(Text("Definitions", style="bold"), align="left")
         for name, text in defs:
-            console.print(Text.assemble((name, "bold"), ": ", text))
+            console.print(
+                Text.assemble(rich_text(name, "bold"), ": ", rich_text(text, multiline=True))
+            )

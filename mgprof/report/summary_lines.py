@@ -11,7 +11,9 @@ something without opening a file::
     mgprof: full report: mgprof report mgprof-runs/20260101T120000Z-train
 
 Only figures that were measured are shown: a missing figure is left out, never printed as 0.
-Pure: a ``RunRecord`` and its analysis in, strings out.
+Pure: a ``RunRecord`` and its analysis in, strings out, ready for a plain ``write``: the path,
+error and finding title they quote have their control characters shown escaped
+(``safe_text.printable``; newlines of a multi-line error are kept).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
 from mgprof.analyze.readers import rank_dicts as _ranks
 from mgprof.records import RunRecord
+from mgprof.report.safe_text import printable
 
 PREFIX = "mgprof: "
 
@@ -160,4 +163,4 @@ def summary_lines(
         if line is not None:
             lines.append(line)
     lines.append(f"{PREFIX}full report: mgprof report {shlex.quote(where)}")
-    return lines
+    return [printable(line, multiline=True) for line in lines]

@@ -1,7 +1,9 @@
 """Rendering of a batch-size sweep (``sweep.json``): rich terminal, Markdown and JSON.
 
 Renderers only: the figures come from ``mgprof.analyze.sweep.summarize``. Cells are
-``rich.text.Text`` so a script name or error text prints as itself, never as markup.
+``rich.text.Text`` so a script name or error text prints as itself, never as markup; every string
+goes through ``safe_text`` (control characters escaped, Markdown and HTML characters escaped in
+the Markdown form).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from mgprof.analyze.sweep import SweepResult, Trial
+from mgprof.report.safe_text import json_text, md_text, printable, rich_text
 
 COLUMNS = (
     "batch",
@@ -34,13 +37,15 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def trial_line(trial: Trial) -> str:
-    """One line per finished trial, for the progress shown while the sweep runs."""
+    """One line per finished trial, for the progress shown while the sweep runs (plain text
+    for ``print``: the trial's error is shown with its control characters escaped)."""
     if trial.status == "ok":
         return (
             f"batch {trial.batch_size}: {_num(trial.samples_per_s)} samples/s, "
             f"{_num(trial.peak_memory_mib)} MiB, comm {_num(trial.comm_pct)} %"
         )
-    return f"batch {trial.batch_size}: {trial.status.upper()} {trial.error or trial.note or ''}"
+    why = trial.error or trial.note or ""
+    return printable(f"batch {trial.batch_size}: {trial.status.upper()} {why}")
 
 
 def _marks(result: SweepResult, batch: int) -> str:
@@ -135,42 +140,39 @@ def _batch(result: SweepResult, batch: int | None) -> str:
 
 def render_sweep(result: SweepResult, console: Console) -> None:
     """The sweep as the terminal shows it: answer, table, caveats."""
-    console.rule(Text(f"mgprof sweep: {result.script or ''}", style="bold"), align="left")
+    console.rule(rich_text(f"mgprof sweep: {result.script or ''}", style="bold"), align="left")
     grid = RichTable.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
     for key, value in facts(result):
-        grid.add_row(Text(key), Text(value))
+        grid.add_row(rich_text(key), rich_text(value, multiline=True))
     console.print(grid)
     table = RichTable(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, col in enumerate(COLUMNS):
         table.add_column(Text(col), justify="left" if i in (2, 9) else "right", no_wrap=i < 9)
     for row in rows(result):
-        table.add_row(*(Text(c, style="dim" if c.startswith("n/a") else "") for c in row))
+        table.add_row(*(rich_text(c, style="dim" if c.startswith("n/a") else "") for c in row))
     console.print(table)
     if any(t.status == "skipped" for t in result.trials):
         console.print(Text("mem? = predicted by the memory model; the size was not run", "dim"))
     for note in result.caveats:
-        console.print(Text("note: ", style="yellow").append(Text(note)))
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+        console.print(Text("note: ", style="yellow").append(rich_text(note, multiline=True)))
 
 
 def sweep_to_markdown(result: SweepResult) -> str:
     """The same content as the terminal view, as GitHub Markdown."""
-    lines = [f"# Batch-size sweep: {_md_escape(result.script or '')}", ""]
-    lines += [f"- **{_md_escape(k)}**: {_md_escape(v)}" for k, v in facts(result)]
+    lines = [f"# Batch-size sweep: {md_text(result.script or '')}", ""]
+    lines += [f"- **{md_text(k)}**: {md_text(v)}" for k, v in facts(result)]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows(result)]
+    lines += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows(result)]
     if any(t.status == "skipped" for t in result.trials):
         lines += ["", "mem? = predicted by the memory model; the size was not run."]
     if result.caveats:
-        lines += ["", "## Caveats", ""] + [f"- {_md_escape(n)}" for n in result.caveats]
+        lines += ["", "## Caveats", ""] + [f"- {md_text(n)}" for n in result.caveats]
     return "\n".join(lines) + "\n"
 
 
 def sweep_to_json(result: SweepResult) -> str:
-    """sweep.json's content (the plot-ready ``series`` included)."""
-    return msgspec.json.format(msgspec.json.encode(result), indent=1).decode() + "\n"
+    """sweep.json's content (the plot-ready ``series`` included; control characters as ``\\u``
+    escapes, ``safe_text.json_text``)."""
+    return json_text(msgspec.json.format(msgspec.json.encode(result), indent=1).decode()) + "\n"

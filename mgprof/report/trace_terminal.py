@@ -1,7 +1,10 @@
 """Render a :class:`JobTraceSummary`: a rich terminal summary, or the ``--json`` document.
 
 Rendering only: every number comes from :mod:`mgprof.analyze.trace_summary`; a figure that does
-not apply is printed as "n/a" and its reason is listed under the tables.
+not apply is printed as "n/a" and its reason is listed under the tables. Names from the trace
+(kernels, ops, collective types, paths, notes) enter rich as ``Text`` through ``safe_text``:
+never markup (``[/x]`` would raise, ``[link=...]`` would plant a hyperlink), no control
+characters.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from typing import Any
 import msgspec
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from mgprof.analyze.trace_summary import JobTraceSummary, RankTraceSummary, TraceTotals
+from mgprof.report.safe_text import rich_text
 
 __all__ = ["JSON_SCHEMA_VERSION", "job_to_json", "jobs_to_json", "render_job"]
 
@@ -71,10 +76,10 @@ def _fmt(v: float | None, unit: str = "%") -> str:
     return f"{v:.1f}"
 
 
-def _totals_row(label: str, kind: str, t: TraceTotals) -> list[str]:
+def _totals_row(label: str, kind: str, t: TraceTotals) -> list[str | Text]:
     return [
         label,
-        kind,
+        rich_text(kind),
         _fmt(t.window_us, "ms"),
         _fmt(t.busy_pct),
         _fmt(t.idle_pct),
@@ -89,7 +94,9 @@ def _totals_row(label: str, kind: str, t: TraceTotals) -> list[str]:
 
 def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     """Print the per-rank totals, collectives, top kernels and the not-applicable notes."""
-    console.rule(f"[bold]mgprof trace[/] {job.directory}")
+    console.rule(
+        Text.assemble(("mgprof trace", "bold"), " ", rich_text(job.directory, highlight=True))
+    )
     table = Table(title="Trace-window totals (percent of window)", header_style="bold")
     for col in (
         "rank",
@@ -129,7 +136,7 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
         for c in r.collectives:
             coll.add_row(
                 str(r.rank),
-                c.type,
+                rich_text(c.type),
                 str(c.count),
                 _fmt(c.total_us, "ms"),
                 _fmt(c.exposed_us, "ms"),
@@ -148,7 +155,7 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
         for rank, a in vs:
             att.add_row(
                 str(rank),
-                a.type + (" *" if a.note else ""),
+                rich_text(a.type + (" *" if a.note else "")),
                 f"{a.mean_call_bytes / 1e6:.2f}",
                 f"{a.busbw_gbps:.2f}",
                 f"{a.attainable_busbw_gbps:.2f}",
@@ -159,14 +166,23 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
             console.print("* message size outside the baseline's sizes: nearest size used")
 
     if job.cross_rank is not None:
-        waits = Table(title=f"Cross-rank waiting (matched by {job.cross_rank.match_key})")
+        match_key = job.cross_rank.match_key
+        waits = Table(
+            title=rich_text(f"Cross-rank waiting (matched by {match_key})", "table.title")
+        )
         for col in ("rank", "wait ms", "arrived last"):
             waits.add_column(col, justify="right")
         for w in job.cross_rank.per_rank:
             waits.add_row(str(w.rank), _fmt(w.wait_us, "ms"), str(w.last_arrivals))
         console.print(waits)
         if job.slowest_rank is not None:
-            console.print(f"Slowest rank: [bold]{job.slowest_rank}[/] (arrives last most often)")
+            console.print(
+                Text.assemble(
+                    "Slowest rank: ",
+                    rich_text(job.slowest_rank, "bold"),
+                    " (arrives last most often)",
+                )
+            )
 
     for r in job.ranks:
         if not r.top_kernels:
@@ -178,7 +194,13 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
             else:
                 kt.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
         for k in r.top_kernels[:top]:
-            kt.add_row(k.name, k.kind, str(k.count), _fmt(k.total_us, "ms"), _fmt(k.pct_of_compute))
+            kt.add_row(
+                rich_text(k.name),
+                rich_text(k.kind),
+                str(k.count),
+                _fmt(k.total_us, "ms"),
+                _fmt(k.pct_of_compute),
+            )
         console.print(kt)
 
     health = [
@@ -196,7 +218,7 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     if health:
         console.print("[bold]Trace health[/]")
         for note in health:
-            console.print(f"  • {note}", highlight=False)
+            console.print(rich_text(f"  • {note}", multiline=True))
     notes = [
         f"rank {r.rank}: {key}: {why}" for r in job.ranks for key, why in r.not_applicable.items()
     ]
@@ -204,4 +226,4 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     if notes:
         console.print("[bold]Not applicable[/]")
         for note in notes:
-            console.print(f"  • {note}", highlight=False)
+            console.print(rich_text(f"  • {note}", multiline=True))

@@ -43,8 +43,17 @@ def print_report(run: RunRecord, analysis: dict[str, Any], run_dir: Path, fmt: s
     from rich.console import Console
 
     from mgprof.report.run_terminal import render_run
+    from mgprof.report.safe_text import rich_text
 
     console = Console()
     render_run(run, analysis, console)
-    console.print(f"\nrun directory: {run_dir}")
-    console.print(f"view traces: mgprof view {run_dir}   |   re-render: mgprof report {run_dir}")
+    # The path holds the user's --out and the script's name: text, never markup (a folder named
+    # "[/x]" must not turn a finished run into a crash), control characters shown escaped.
+    console.print()
+    console.print(rich_text(f"run directory: {run_dir}", highlight=True))
+    console.print(
+        rich_text(
+            f"view traces: mgprof view {run_dir}   |   re-render: mgprof report {run_dir}",
+            highlight=True,
+        )
+    )
