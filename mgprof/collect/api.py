@@ -9,7 +9,9 @@ from typing import Any, TypeVar, overload
 
 from torch.profiler import record_function
 
+from mgprof.collect import failopen
 from mgprof.collect.session import Session, active_session, lazy_session
+from mgprof.collect.steps import NULL_STEP
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,13 +46,19 @@ def profile_step(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     Takes the options of :func:`profile` (``@mgprof.profile_step(quiet=True)``, ...).
     """
     batch_arg = kwargs.pop("batch_arg", None)
+    Session(**kwargs)  # bad options raise here, where the script is decorated, not mid-training
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)
         def wrapper(*args: Any, **kw: Any) -> Any:
-            session = lazy_session(**kwargs)
-            batch = kw.get(batch_arg) if batch_arg else (args, kw)
-            with session.step(batch=batch):
+            step: Any = NULL_STEP
+            try:
+                session = lazy_session(**kwargs)
+                batch = kw.get(batch_arg) if batch_arg else (args, kw)
+                step = session.step(batch=batch)
+            except Exception as exc:  # fail open: the step runs unprofiled
+                failopen.report("profile_step", exc)
+            with step:
                 return f(*args, **kw)
 
         return wrapper
@@ -62,16 +70,18 @@ def profile_step(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
 def region(name: str) -> Iterator[None]:
     """A named region: shows in traces (record_function) and in the report's region timings."""
     session = active_session()
-    if session is None or not session._running:
-        with record_function(name):
-            yield
-        return
-    start = session._clock.mark()
+    start = None
+    if session is not None and session._running:
+        try:
+            start = session._clock.mark()
+        except Exception as exc:  # fail open: the block runs, untimed
+            session.failopen.report("region", exc)
     try:
         with record_function(name):
             yield
     finally:
-        try:
-            session.add_region(name, start, session._clock.mark())
-        except Exception as exc:
-            session.failopen.report("region", exc)
+        if session is not None and start is not None:
+            try:
+                session.add_region(name, start, session._clock.mark())
+            except Exception as exc:
+                session.failopen.report("region", exc)

@@ -43,7 +43,11 @@ def _env_int(name: str, default: int) -> int:
 
 
 def rank_info() -> RankInfo:
-    """Current rank identity; the process group wins over the environment when it is up."""
+    """Current rank identity; the process group wins over the environment when it is up.
+
+    May raise (a broken process group, a host name that cannot be read): callers inside the
+    user's training call it under a guard and fall back to :func:`env_rank_info`.
+    """
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
     if dist.is_available() and dist.is_initialized():
@@ -57,6 +61,29 @@ def rank_info() -> RankInfo:
         node_rank=_env_int("GROUP_RANK", _env_int("NODE_RANK", 0)),
         nnodes=nnodes,
         host=socket.gethostname(),
+    )
+
+
+def hostname() -> str:
+    """This machine's name, or ``unknown-host`` when it cannot be read. Never raises."""
+    try:
+        return socket.gethostname() or "unknown-host"
+    except Exception:
+        return "unknown-host"
+
+
+def env_rank_info() -> RankInfo:
+    """Rank identity from torchrun's environment alone (no process group calls). Never raises:
+    the fallback when :func:`rank_info` fails."""
+    world = max(_env_int("WORLD_SIZE", 1), 1)
+    local_world = max(_env_int("LOCAL_WORLD_SIZE", world), 1)
+    return RankInfo(
+        rank=_env_int("RANK", 0),
+        local_rank=_env_int("LOCAL_RANK", 0),
+        world_size=world,
+        node_rank=_env_int("GROUP_RANK", _env_int("NODE_RANK", 0)),
+        nnodes=max(_env_int("MGPROF_NNODES", max(1, -(-world // local_world))), 1),
+        host=hostname(),
     )
 
 

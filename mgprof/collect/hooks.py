@@ -23,6 +23,7 @@ from torch.nn import DataParallel
 from torch.utils.data import DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from mgprof.collect.failopen import report as _report
 from mgprof.records import TrainingFacts
 
 
@@ -76,8 +77,8 @@ def _timed_next(self: Any) -> Any:
                     _facts["distributed_sampler"] = isinstance(sampler, DistributedSampler)
                     if _facts["distributed_sampler"]:
                         _facts.setdefault("set_epoch_called", False)
-            except Exception:
-                pass
+            except Exception as exc:
+                _report("dataloader hook", exc)
 
 
 def _set_epoch(self: Any, epoch: int) -> None:
@@ -89,8 +90,8 @@ def _autocast_enter(self: Any) -> Any:
     try:
         if getattr(self, "_enabled", True):
             _facts["autocast_used"] = True
-    except Exception:
-        pass
+    except Exception as exc:
+        _report("autocast hook", exc)
     return _originals["autocast_enter"](self)
 
 
@@ -101,16 +102,16 @@ def _ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         cap = kwargs.get("bucket_cap_mb")
         _facts["ddp_bucket_cap_mb"] = float(cap) if cap is not None else 25.0
         watch_wrapper(self)
-    except Exception:
-        pass
+    except Exception as exc:
+        _report("DDP hook", exc)
 
 
 def _dp_init(self: Any, *args: Any, **kwargs: Any) -> None:
     _originals["dp_init"](self, *args, **kwargs)
     try:
         watch_wrapper(self)
-    except Exception:
-        pass
+    except Exception as exc:
+        _report("DataParallel hook", exc)
 
 
 _watched: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -139,8 +140,8 @@ def _count_forward(module: Any, args: Any) -> None:
                 _facts["ddp_sync_forwards"] = _facts.get("ddp_sync_forwards", 0) + 1
         elif len(getattr(module, "device_ids", []) or []) > 1:  # DataParallel over 2+ devices
             _facts["dp_forwards"] = _facts.get("dp_forwards", 0) + 1
-    except Exception:
-        pass
+    except Exception as exc:
+        _report("forward hook", exc)
 
 
 def _watch_existing() -> None:
@@ -159,14 +160,20 @@ def _watch_existing() -> None:
 def _all_reduce(*args: Any, **kwargs: Any) -> Any:
     """``all_reduce`` called by the script itself (hand-written gradient averaging, or a metric):
     counted, since it is the only evidence of synchronisation a script without DDP leaves."""
-    _facts["script_all_reduces"] = _facts.get("script_all_reduces", 0) + 1
+    try:
+        _facts["script_all_reduces"] = _facts.get("script_all_reduces", 0) + 1
+    except Exception as exc:
+        _report("all_reduce hook", exc)
     return _originals["all_reduce"](*args, **kwargs)
 
 
 def _destroy_process_group(*args: Any, **kwargs: Any) -> Any:
     """Let the running session send its record to rank 0 while the group still exists."""
-    if not args and kwargs.get("group") is None and _before_destroy is not None:
-        _before_destroy()
+    try:
+        if not args and kwargs.get("group") is None and _before_destroy is not None:
+            _before_destroy()
+    except Exception as exc:  # fail open: the group is destroyed as the script asked
+        _report("destroy_process_group hook", exc)
     return _originals.get("destroy", _destroy_fallback)(*args, **kwargs)
 
 
@@ -185,14 +192,17 @@ def collective_timeout() -> datetime.timedelta | None:
 
 def _init_process_group(*args: Any, **kwargs: Any) -> Any:
     """``init_process_group`` with the launcher's timeout unless the script chose one."""
-    from mgprof.collect.autowrap import process_group_by_mgprof
+    try:
+        from mgprof.collect.autowrap import process_group_by_mgprof
 
-    if process_group_by_mgprof() and torch.distributed.is_initialized():
-        return None  # auto-wrap made the group from the same torchrun environment: reuse it
-    if "timeout" not in kwargs and len(args) < 3:  # (backend, init_method, timeout, ...)
-        timeout = collective_timeout()
-        if timeout is not None:
-            kwargs["timeout"] = timeout
+        if process_group_by_mgprof() and torch.distributed.is_initialized():
+            return None  # auto-wrap made the group from the same torchrun environment: reuse it
+        if "timeout" not in kwargs and len(args) < 3:  # (backend, init_method, timeout, ...)
+            timeout = collective_timeout()
+            if timeout is not None:
+                kwargs = {**kwargs, "timeout": timeout}
+    except Exception as exc:  # fail open: the script's own call, unchanged
+        _report("init_process_group hook", exc)
     return _originals.get("init", _init_fallback)(*args, **kwargs)
 
 
@@ -220,8 +230,8 @@ def install(session: Observer | None) -> None:
     if session is not None:
         try:
             _watch_existing()
-        except Exception:
-            pass
+        except Exception as exc:
+            _report("hooks", exc)
     if _originals:
         return
     from torch.nn.parallel import DistributedDataParallel

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mgprof import rundir
-from mgprof.collect.distenv import RankInfo, rank_info
+from mgprof.collect.distenv import RankInfo, env_rank_info
 from mgprof.collect.failopen import FailOpen
 from mgprof.records import RunRecord
 
@@ -42,7 +42,7 @@ def report_run(
     """
     if os.environ.get(rundir.RUN_DIR_ENV) or run_dir is None:
         return run
-    if (info or rank_info()).rank != 0:
+    if (info or env_rank_info()).rank != 0:
         return run
     if not (run_dir / rundir.RUN_JSON).exists():
         return run  # the writer failed (already one warning): nothing to report on

@@ -76,11 +76,17 @@ def _sync_device() -> None:
 
 
 def _rank() -> int:
-    import torch.distributed as dist
+    try:
+        import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", 0))
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:
+        pass
+    try:
+        return int(os.environ.get("RANK", 0))
+    except ValueError:
+        return 0
 
 
 class NoSyncAB:
@@ -99,7 +105,56 @@ class NoSyncAB:
         self._times: dict[bool, list[float]] = {True: [], False: []}
 
     def start(self, optimizers: list[Any]) -> bool:
-        """Begin after the measured steps; False (and a note on disk) when it cannot apply."""
+        """Begin after the measured steps; False (and a note on disk) when it cannot apply.
+        Never raises (it runs in the optimizer's step hook): a failure ends the A/B."""
+        try:
+            return self._start(optimizers)
+        except Exception as exc:
+            self._fail(exc)
+            return False
+
+    def on_update(self) -> bool:
+        """One A/B step ended (an optimizer update); True once the last one is done (or the A/B
+        failed: the script is then stopped as after a finished A/B). Never raises."""
+        try:
+            return self._on_update()
+        except Exception as exc:
+            self._fail(exc)
+            return True
+
+    def abandon(self) -> None:
+        """The script ended mid-A/B: put the state back if a B block was open, keep the times.
+        Never raises."""
+        try:
+            self._abandon()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Fail open: the model's state back (sync on, a B block's updates undone), one warning,
+        and the A/B result says it failed."""
+        from mgprof.collect.failopen import report
+
+        report("sync A/B", exc)
+        self.active = False
+        try:
+            if self._saved is not None:
+                self._leave_b_block()
+        except Exception as err:
+            report("sync A/B state restore", err)
+        finally:
+            from mgprof.collect.wrap import set_grad_sync
+
+            set_grad_sync(True)
+        self._write(
+            NoSyncResult(
+                available=False,
+                rank=_rank(),
+                reason=f"the A/B failed: {type(exc).__name__}: {exc}",
+            )
+        )
+
+    def _start(self, optimizers: list[Any]) -> bool:
         from mgprof.collect.wrap import switchable_models
 
         self._models = switchable_models()
@@ -121,8 +176,7 @@ class NoSyncAB:
         self._t = time.perf_counter()
         return True
 
-    def on_update(self) -> bool:
-        """One A/B step ended (an optimizer update); True once the last one is done."""
+    def _on_update(self) -> bool:
         _sync_device()
         now = time.perf_counter()
         self._times[self._flags[self._i]].append((now - self._t) * 1000.0)
@@ -138,8 +192,7 @@ class NoSyncAB:
         self._t = time.perf_counter()
         return False
 
-    def abandon(self) -> None:
-        """The script ended mid-A/B: put the state back if a B block was open, keep the times."""
+    def _abandon(self) -> None:
         if not self.active:
             return
         self.active = False
@@ -205,9 +258,14 @@ class NoSyncAB:
             return
         from mgprof.atomic import write_bytes_atomic
 
-        write_bytes_atomic(
-            self.run_dir / NOSYNC_DIR / f"rank{result.rank}.json", msgspec.json.encode(result)
-        )
+        try:
+            write_bytes_atomic(
+                self.run_dir / NOSYNC_DIR / f"rank{result.rank}.json", msgspec.json.encode(result)
+            )
+        except Exception as exc:  # fail open: compare reports the A/B as missing
+            from mgprof.collect.failopen import report
+
+            report("sync A/B result", exc)
 
 
 def read_result(run_dir: Path, rank: int = 0) -> NoSyncResult | None:

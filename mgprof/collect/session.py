@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -29,17 +28,18 @@ from typing import Any
 
 import torch
 
-from mgprof.collect import hooks
+from mgprof.collect import hooks, step_timer
 from mgprof.collect.batchinfo import PendingFingerprint, batch_size_of, fingerprint
 from mgprof.collect.delivery import DeliveryMixin
 from mgprof.collect.device_facts import cuda_indices_in_use as _cuda_indices_in_use
-from mgprof.collect.distenv import RankInfo, rank_info
+from mgprof.collect.distenv import RankInfo, env_rank_info, rank_info
 from mgprof.collect.failopen import FailOpen
 from mgprof.collect.inline_report import QUIET_ENV as QUIET_ENV
 from mgprof.collect.inline_report import report_command as _report_command
 from mgprof.collect.inline_report import report_run
 from mgprof.collect.memory import collect_memory, reset_peaks
 from mgprof.collect.progress import PROGRESS_ENV, ProgressFile
+from mgprof.collect.staging import Staging, open_staging
 from mgprof.collect.step_timer import Clock, Mark
 from mgprof.collect.steps import NULL_STEP, NullStep, PendingStep, StepHandle, StepRecordsMixin
 from mgprof.collect.torch_profiler import TraceConfig, TraceWriter, build_profiler
@@ -145,7 +145,7 @@ class Session(StepRecordsMixin, DeliveryMixin):
         self._trace_window: tuple[int, int] | None = None
         """Steps [first, end) that torch.profiler records, once it has started."""
         self._sampler: Any = None
-        self._trace_tmp: Path | None = None
+        self._staging: Staging | None = None
         self._writer: TraceWriter | None = None
         self._cuda_indices: list[int] = []
         self._info: RankInfo | None = None
@@ -168,11 +168,23 @@ class Session(StepRecordsMixin, DeliveryMixin):
     ) -> None:
         error = None
         if exc is not None and not isinstance(exc, (SystemExit, GeneratorExit)):
-            error = f"{exc_type.__name__ if exc_type else 'Error'}: {exc}"
+            name = exc_type.__name__ if exc_type else "Error"
+            try:
+                error = f"{name}: {exc}"
+            except Exception:  # the user's exception must propagate, not one from its __str__
+                error = f"{name}: (its message could not be read)"
         self.stop(error=error)
 
     def start(self) -> Session:
-        """Begin timing, sampling and the trace schedule. Returns self."""
+        """Begin timing, sampling and the trace schedule. Returns self. Never raises: a part that
+        cannot start is one warning and a note, and the training goes on without it."""
+        try:
+            self._start()
+        except Exception as exc:  # the last line of defence: never break the training
+            self.failopen.report("start", exc)
+        return self
+
+    def _start(self) -> None:
         global _active, _explicit_started
         with _lock:
             if not self.auto:
@@ -185,14 +197,18 @@ class Session(StepRecordsMixin, DeliveryMixin):
                     self.failopen.report(
                         "profile", RuntimeError("another mgprof session is already running")
                     )
-                    return self
+                    return
             _active = self
         self._running = True
-        self._info = rank_info()
-        self._progress = ProgressFile(os.environ.get(PROGRESS_ENV), self._info.rank)
+        self._info = env_rank_info()
+        with self.failopen.guard("rank"):
+            self._info = rank_info()
+        with self.failopen.guard("progress"):
+            self._progress = ProgressFile(os.environ.get(PROGRESS_ENV), self._info.rank)
         with self.failopen.guard("device"):
             self._cuda_indices = _cuda_indices_in_use(self.strategy)
-        self._clock = Clock(use_cuda=bool(self._cuda_indices))
+        with self.failopen.guard("timing"):
+            self._clock = Clock(use_cuda=bool(self._cuda_indices))
         with self.failopen.guard("memory"):
             reset_peaks(self._cuda_indices)
         with self.failopen.guard("hooks"):
@@ -204,13 +220,33 @@ class Session(StepRecordsMixin, DeliveryMixin):
                 self._sampler = start_sampler(
                     self._cuda_indices or None, interval_s=self.sample_interval_s
                 )
-        with self.failopen.guard("profiler"):
-            self._trace_tmp = Path(tempfile.mkdtemp(prefix="mgprof-traces-"))
-            self._writer = TraceWriter(self._trace_tmp, self._info.worker_name)
+        with self.failopen.guard("staging"):
+            self._staging, why = open_staging(self._info.rank, self.out)
+            if why is not None:
+                self.failopen.note(f"staging: {why}")
+        if self._staging is not None and self.trace_config.active > 0:
+            with self.failopen.guard("profiler"):
+                self._writer = TraceWriter(
+                    self._staging.path, self._info.worker_name, on_error=self._trace_not_saved
+                )
         if self.auto:
             self._start_profiler(0)  # instrumentation marks steps by calls: the form is known
-        self._boundary = self._clock.mark()
-        return self
+        try:
+            self._boundary = self._clock.mark()
+        except Exception as exc:  # a device clock that fails: time on the host instead
+            self.failopen.report("timing", exc)
+            self._clock = step_timer.Clock(use_cuda=False)  # the plain one, whatever ``Clock`` is
+            self._boundary = self._clock.mark()
+
+    def _trace_not_saved(self, path: Path, exc: OSError) -> None:
+        """The trace writer could not write this rank's trace (disk full, ...)."""
+        rank = self._info.rank if self._info is not None else 0
+        self._save_failed(
+            f"rank {rank}'s trace",
+            path,
+            exc,
+            "this rank's trace is lost; its other measurements are kept",
+        )
 
     def _start_profiler(self, done: int) -> None:
         """Start torch.profiler once the step form is known, ``done`` steps into the run.
@@ -248,6 +284,7 @@ class Session(StepRecordsMixin, DeliveryMixin):
                 self._sampler.stop()
         with self.failopen.guard("hooks"):
             hooks.uninstall(self)
+        self._cleanup_tmp()
         if _active is self:
             _active = None
 
@@ -412,6 +449,7 @@ class Session(StepRecordsMixin, DeliveryMixin):
         except Exception as exc:  # the last line of defence: never break the training
             self.failopen.report("finalise", exc)
         finally:
+            self._cleanup_tmp()  # every way out, KeyboardInterrupt included: no staging left
             with _lock:
                 if _active is self:
                     _active = None

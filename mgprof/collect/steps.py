@@ -52,11 +52,17 @@ class StepHandle:
 
     def __enter__(self) -> StepHandle:
         self.entered = True
-        self._session._enter_step(self)
+        try:
+            self._session._enter_step(self)
+        except Exception as exc:  # fail open: the step's body runs whatever mgprof does
+            self._session.failopen.report("step", exc)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._session._exit_step(self)
+        try:
+            self._session._exit_step(self)
+        except Exception as err:  # never replaces, or adds to, the body's own exception
+            self._session.failopen.report("step", err)
 
 
 class NullStep:

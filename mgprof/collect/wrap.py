@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mgprof.collect.envknobs import positive_int_env
+from mgprof.collect.failopen import guarded, report
 
 STRATEGY_ENV = "MGPROF_STRATEGY"
 BATCH_SIZE_ENV = "MGPROF_BATCH_SIZE"
@@ -133,10 +134,14 @@ def wrap(
         init_process_group()
         from torch.nn.parallel import DistributedDataParallel
 
-        from mgprof.collect import hooks
+        with guarded("wrap"):  # facts for the findings: never a reason to fail the wrap
+            from mgprof.collect import hooks
 
-        hooks.note_fact("find_unused_parameters", bool(ddp_kwargs.get("find_unused_parameters")))
-        hooks.note_fact("ddp_bucket_cap_mb", float(ddp_kwargs.get("bucket_cap_mb", 25.0)))
+            cap = ddp_kwargs.get("bucket_cap_mb")  # None (torch's default) is 25 MB
+            hooks.note_fact(
+                "find_unused_parameters", bool(ddp_kwargs.get("find_unused_parameters"))
+            )
+            hooks.note_fact("ddp_bucket_cap_mb", float(cap) if cap is not None else 25.0)
         if torch.cuda.is_available():
             dev = device()
             ids = device_ids or [dev.index]
@@ -157,9 +162,7 @@ def enable_sync_ab(ddp: nn.Module) -> None:
         ddp.register_comm_hook(None, _switchable_allreduce)  # type: ignore[operator]
         _switchable.append(weakref.ref(ddp))
     except Exception as exc:  # fail open: no A/B, the training runs as usual
-        warnings.warn(
-            f"mgprof: sync A/B disabled: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3
-        )
+        report("sync A/B disabled", exc)
 
 
 def _nosync_requested() -> bool:
@@ -222,9 +225,10 @@ def seed_everything(seed: int, per_rank: bool = True) -> int:
 
 def batch_size(default: int) -> int:
     """The batch size for this run: the launcher's trial value (``mgprof sweep``) or ``default``."""
-    value = positive_int_env(BATCH_SIZE_ENV, default)
+    value = positive_int_env(BATCH_SIZE_ENV, default)  # a malformed value raises: a launcher bug
     if os.environ.get(BATCH_SIZE_ENV):
-        from mgprof.collect import hooks
+        with guarded("batch_size"):
+            from mgprof.collect import hooks
 
-        hooks.note_fact("batch_size_read", True)
+            hooks.note_fact("batch_size_read", True)
     return value

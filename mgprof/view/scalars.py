@@ -34,6 +34,7 @@ from pathlib import Path
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from mgprof.atomic import current_umask
 from mgprof.records import RankRecord, RunRecord
 
 __all__ = ["SCALARS_DIR", "STAMP_FILE", "scalars_stale", "write_scalars"]
@@ -156,7 +157,7 @@ def write_scalars(run_dir: Path, run: RunRecord) -> Path:
         stamp = _source_stamp(run_dir)
         if stamp is not None:
             (tmp / STAMP_FILE).write_text(json.dumps(stamp), "utf-8")
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the scalars from others
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide the scalars
         old: Path | None = None
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{SCALARS_DIR}.old-", dir=run_dir))
@@ -168,9 +169,3 @@ def write_scalars(run_dir: Path, run: RunRecord) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
