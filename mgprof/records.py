@@ -198,7 +198,7 @@ class RunRecord(Struct):
     backend: str | None = None
     cpu_fallback: bool = False
     cpu_fallback_reason: str | None = None
-    status: Literal["complete", "incomplete", "running"] = "complete"
+    status: Literal["complete", "incomplete", "interrupted", "running"] = "complete"
     error: str | None = None
     exit_code: int | None = None
     ranks: list[RankRecord] = msgspec.field(default_factory=list)

@@ -229,6 +229,36 @@ def test_mgprof_view_serves_a_folder_of_runs_until_ctrl_c(run_dir: Path, tmp_pat
         assert sock.connect_ex(("127.0.0.1", port)) != 0
 
 
+@needs_tensorboard
+def test_mgprof_view_takes_tensorboard_with_it_on_sigterm(run_dir: Path, tmp_path: Path) -> None:
+    """``kill`` of mgprof alone (not its group): TensorBoard stops too, exit code 143."""
+    import psutil
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "mgprof", "view", str(run_dir), "--port", str(port)]
+    proc = subprocess.Popen(
+        [*cmd, "--no-browser"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert f"127.0.0.1:{port}" in line, line
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "TensorBoard should run as mgprof's child"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 143
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 # --- errors and defaults ------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ control characters (terminal escape sequences) in a folder name show escaped.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import webbrowser
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from mgprof.errors import UsageError
 from mgprof.report.safe_text import printable
+from mgprof.run.process_tree import Stopped, stop_signals
 from mgprof.view import tensorboard as viewer
 
 
@@ -102,6 +104,12 @@ def run(args: argparse.Namespace) -> int:
     _refresh_scalars(runs)
 
     url = viewer.profiler_url(args.host, args.port)
+    with stop_signals():
+        return _serve(viewer, logdir, args, url)
+
+
+def _serve(viewer: Any, logdir: Path, args: argparse.Namespace, url: str) -> int:
+    """Serve until TensorBoard ends or mgprof is stopped; the server never outlives mgprof."""
     proc = viewer.start_tensorboard(logdir, args.host, args.port)
     try:
         try:
@@ -118,10 +126,10 @@ def run(args: argparse.Namespace) -> int:
                 pass  # headless machine: the printed URL is enough
         code = proc.wait()
         return 0 if code == 0 else 1
-    except KeyboardInterrupt:
+    except Stopped as stop:  # Ctrl-C, or SIGTERM/SIGHUP: the server goes too
         viewer.stop_tensorboard(proc)
         print("mgprof view: stopped", file=sys.stderr)
-        return 0
+        return 0 if stop.signum == signal.SIGINT else 128 + stop.signum
     finally:
         if proc.poll() is None:
             viewer.stop_tensorboard(proc)

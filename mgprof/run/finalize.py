@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from mgprof import rundir
+from mgprof.collect.staging import recover_staged
 from mgprof.errors import UsageError
 from mgprof.records import RankExit, RunRecord, read_run
 from mgprof.report.failure_summary import (
@@ -23,6 +24,7 @@ from mgprof.report.failure_summary import (
     exception_text,
     first_failure,
 )
+from mgprof.report.safe_text import printable
 from mgprof.run.failures import (
     collective_of,
     describe_exit,
@@ -39,10 +41,15 @@ def finalize(
     initial: RunRecord,
     code: int,
     stderr_tail: list[str],
-    interrupted: bool,
+    interrupted: str | None,
     torchrun_lines: list[str] | None = None,
 ) -> RunRecord:
     """Merge what the ranks left (gathered run.json or per-rank partials) and set the status.
+
+    ``interrupted`` names what stopped the launcher (``Ctrl-C``, ``SIGTERM``...), None when the
+    script ended by itself. The run's exit code is the script's own: the first failing rank's
+    under torchrun (which itself only says 1), the process's otherwise. Traces a dead rank left
+    in its staging folder are recovered first (``mgprof.collect.staging``).
 
     In a multi-node job the ranks send their records to rank 0, which may live on any node
     (c10d rendezvous assigns ranks by arrival): a node without rank 0 expects an empty run here,
@@ -54,6 +61,8 @@ def finalize(
         run = initial
     run = msgspec.structs.replace(run, world_size=initial.world_size)
     run = rundir.merge_ranks(run, rundir.read_partials(run_dir))
+    for note in recover_staged(run_dir):
+        print(f"mgprof: {printable(note)}", file=sys.stderr)
     satellite = initial.nnodes > 1 and not any(r.rank == 0 for r in run.ranks)
     rank_errors = [_rank_error(r.rank, r.error) for r in run.ranks if r.error]
     exits = parse_torchrun_failures(torchrun_lines or [], single_node=initial.nnodes == 1)
@@ -61,10 +70,12 @@ def finalize(
     # from a finished checkpoint, had no data...); no failure, and no "missing ranks" either
     nothing = code == 0 and not interrupted and not satellite and not run.ranks
     error = None
+    errors = {r.rank: r.error for r in run.ranks if r.error}
+    if code != 0 and not interrupted:
+        code = script_exit_code(code, exits, errors)
     if interrupted:
-        error = "interrupted (Ctrl-C)"
+        error = f"interrupted ({interrupted})"
     elif code != 0:
-        errors = {r.rank: r.error for r in run.ranks if r.error}
         error = _failure(code, exits, stderr_tail, errors, run_dir, initial.world_size)
     elif rank_errors:
         error = rank_errors[0]
@@ -74,7 +85,7 @@ def finalize(
     if run.missing_ranks and not satellite and not interrupted:
         missing = f"no record from rank(s) {', '.join(map(str, run.missing_ranks))}"
         error = missing if error is None else f"{error}; {missing}"
-    status = "complete" if error is None else "incomplete"
+    status = "complete" if error is None else "interrupted" if interrupted else "incomplete"
     run = msgspec.structs.replace(
         run,
         status=status,
@@ -94,11 +105,25 @@ def finalize(
         rundir.write_run(run_dir, run)
     except OSError as exc:  # the folder went away or read-only mid-run: the script's result stands
         print(
-            f"mgprof: error: cannot write {run_dir / rundir.RUN_JSON}: {exc.strerror}; "
-            "the run's record is lost, the script's own outputs and exit code are not",
+            printable(
+                f"mgprof: error: cannot write {run_dir / rundir.RUN_JSON}: {exc.strerror}; "
+                "the run's record is lost, the script's own outputs and exit code are not"
+            ),
             file=sys.stderr,
         )
     return run
+
+
+def script_exit_code(code: int, exits: list[RankExit], errors: dict[int, str]) -> int:
+    """The script's own exit code: torchrun exits 1 whatever its workers did, so under torchrun
+    it is the exit code of the rank that failed first (its root cause, else the first rank it
+    names); ``code`` itself when torchrun named none (one process, or torchrun's own failure)."""
+    first = first_failure(exits, errors) if exits else None
+    if first is None and exits:
+        first = exits[0]  # multi-node: local ranks only, root cause first
+    if first is not None and first.exit_code != 0:
+        return first.exit_code
+    return code
 
 
 def _rank_error(rank: int, error: str) -> str:

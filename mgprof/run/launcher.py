@@ -9,7 +9,6 @@ afterwards completes the run directory (status, exit code, ranks that never repo
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from mgprof import rundir
 from mgprof.collect.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
+from mgprof.run import entry
 from mgprof.run.failures import is_torchrun_line
 
 # The end of a launch lives in finalize.py; its names stay reachable here, where the tests and
@@ -34,6 +34,13 @@ from mgprof.run.finalize import _log_exception as _log_exception
 from mgprof.run.finalize import _rank_error as _rank_error
 from mgprof.run.finalize import _rank_said as _rank_said
 from mgprof.run.finalize import finalize as finalize
+from mgprof.run.process_tree import (
+    ProcessTree,
+    Stopped,
+    ignore_stop_signals,
+    signal_group,
+    stop_signals,
+)
 
 STRATEGIES = ("single", "dp", "ddp")
 STDERR_TAIL_LINES = 40
@@ -44,6 +51,22 @@ COLLECTIVE_TIMEOUT_ENV = "MGPROF_COLLECTIVE_TIMEOUT_S"
 ``init_process_group`` timeout), so a rank stuck in a collective ends the run instead of hanging."""
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 TORCHRUN_LINES_KEPT = 4000
+LOOPBACK_IFNAME = "lo"
+MAX_RANKS = 65536
+"""More ranks than any job has: a larger --gpus is a typo, refused before anything starts."""
+CPU_RANKS_PER_CORE = 4
+"""Default cap on CPU ranks (no CUDA): this many per core; ``--max-cpu-ranks`` overrides."""
+
+
+STOP_GRACE_ENV = "MGPROF_STOP_GRACE_S"
+
+
+def _env_seconds(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if 0 <= value < float("inf") else default
 
 
 @dataclass(kw_only=True)
@@ -67,6 +90,14 @@ class LaunchConfig:
     collective_timeout_s: float | None = DEFAULT_COLLECTIVE_TIMEOUT_S
     auto_wrap: bool = True
     """Under dp/ddp, wrap the trained model when the script does not (``--no-auto-wrap``)."""
+    script_stdout_to_stderr: bool = False
+    """Forward the script's stdout to mgprof's stderr (``--format json|md``: stdout is the
+    report's alone)."""
+    stop_grace_s: float = field(default_factory=lambda: _env_seconds(STOP_GRACE_ENV, 20.0))
+    """After a stop signal, how long the workers get to write their records before SIGKILL
+    (``MGPROF_STOP_GRACE_S``)."""
+    max_cpu_ranks: int | None = None
+    """CPU ranks allowed without CUDA; None: ``CPU_RANKS_PER_CORE`` x this machine's cores."""
 
     def __post_init__(self) -> None:
         if not self.script.exists():
@@ -75,6 +106,13 @@ class LaunchConfig:
             raise UsageError(f"{self.script} is not a file; give the path to a Python script")
         if self.gpus < 1:
             raise UsageError(f"--gpus must be at least 1, got {self.gpus}")
+        if self.gpus > MAX_RANKS or self.nnodes > MAX_RANKS:
+            raise UsageError(
+                f"--gpus {self.gpus} x --nnodes {self.nnodes} is beyond any real job "
+                f"(at most {MAX_RANKS} each); give the GPUs per node"
+            )
+        if self.max_cpu_ranks is not None and self.max_cpu_ranks < 1:
+            raise UsageError(f"--max-cpu-ranks must be at least 1, got {self.max_cpu_ranks}")
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps must be at least 1, got {self.steps}")
         if self.warmup < 0:
@@ -132,6 +170,14 @@ def plan(config: LaunchConfig, device_count: int | None = None) -> Plan:
                 "DataParallel needs CUDA GPUs and none is visible; on CPU use --strategy ddp "
                 "(gloo ranks) or --strategy single"
             )
+        cores = os.cpu_count() or 1
+        cap = config.max_cpu_ranks or CPU_RANKS_PER_CORE * cores
+        if strategy == "ddp" and config.gpus > cap:
+            raise UsageError(
+                f"--gpus {config.gpus} would start {config.gpus} CPU ranks (no CUDA device "
+                f"visible) on {cores} core(s); at most {cap} are allowed: lower --gpus or "
+                "raise --max-cpu-ranks"
+            )
         return Plan(
             strategy=strategy,
             cuda=False,
@@ -161,11 +207,16 @@ def plan(config: LaunchConfig, device_count: int | None = None) -> Plan:
 
 
 def worker_command(config: LaunchConfig, p: Plan) -> list[str]:
-    """The command line: torchrun for DDP (multi-node flags passed through), else python."""
-    boot = ["-m", "mgprof.run.bootstrap", str(config.script), *config.script_args]
+    """The command line: torchrun for DDP (multi-node flags passed through), else python.
+
+    Both start through ``mgprof.run.entry`` (``python -c``): the working directory is not put
+    on ``sys.path`` (it is not under ``python script.py``), and each process gets a parent-death
+    signal so that nothing outlives mgprof.
+    """
+    boot = [*entry.python_command("bootstrap"), str(config.script), *config.script_args]
     if p.strategy != "ddp":
-        return [sys.executable, *boot]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={p.nproc_per_node}"]
+        return boot
+    cmd = [*entry.python_command("torchrun"), f"--nproc-per-node={p.nproc_per_node}"]
     if config.nnodes == 1 and not config.rdzv_endpoint:
         cmd.append("--standalone")
     else:
@@ -178,7 +229,7 @@ def worker_command(config: LaunchConfig, p: Plan) -> list[str]:
         if config.rdzv_backend == "static":
             host, _, port = (config.rdzv_endpoint or "").rpartition(":")
             cmd += [f"--master-addr={host}", f"--master-port={port}"]
-    return [*cmd, *boot]
+    return [*cmd, "--no-python", *boot]
 
 
 def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
@@ -201,6 +252,10 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
         env[COLLECTIVE_TIMEOUT_ENV] = f"{config.collective_timeout_s:g}"
     if not config.auto_wrap:
         env[AUTO_WRAP_ENV] = "0"
+    if p.strategy == "ddp" and config.nnodes == 1 and not config.rdzv_endpoint:
+        # one node: nothing outside this machine needs to reach the rendezvous or gloo's pairs
+        env[entry.LOOPBACK_ENV] = "1"
+        env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_IFNAME)
     if p.strategy != "ddp":
         # One process, but torchrun-style scripts call init_process_group() from the
         # environment: give them torchrun's variables for a world of one.
@@ -324,29 +379,39 @@ def launch(config: LaunchConfig, on_progress: ProgressCallback | None = None) ->
     crowded = oversubscription_warning(p, env)
     if crowded:
         print(crowded, file=sys.stderr)
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-    )
-    out_tail = _Tail(proc.stdout, sys.stdout.buffer, 5)  # type: ignore[arg-type]
-    err_tail = _Tail(proc.stderr, sys.stderr.buffer, STDERR_TAIL_LINES)  # type: ignore[arg-type]
-    interrupted = False
-    try:
-        while proc.poll() is None:
-            if on_progress is not None:
-                on_progress(read_progress(run_dir / ".progress"))
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        interrupted = True
-        _stop_group(proc, signal.SIGINT)
-    out_tail.join()
-    err_tail.join()
-    code = proc.wait()
+    with stop_signals():
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
+        tree = ProcessTree(proc.pid)
+        script_out = sys.stderr if config.script_stdout_to_stderr else sys.stdout
+        out_tail = _Tail(proc.stdout, script_out.buffer, 5)  # type: ignore[arg-type]
+        err_tail = _Tail(proc.stderr, sys.stderr.buffer, STDERR_TAIL_LINES)  # type: ignore[arg-type]
+        stopped: Stopped | None = None
+        try:
+            while proc.poll() is None:
+                if on_progress is not None:
+                    on_progress(read_progress(run_dir / ".progress"))
+                tree.scan(force=False)
+                time.sleep(0.2)
+        except Stopped as exc:
+            stopped = exc
+            _stop_tree(proc, tree, exc.forward, config.stop_grace_s)
+        code = proc.wait()
+        leftovers = tree.end_leftovers()
+        out_tail.join()
+        err_tail.join()
+    if leftovers:
+        print(
+            f"mgprof: ended {leftovers} process(es) the script left running after it exited",
+            file=sys.stderr,
+        )
     if on_progress is not None:
         on_progress(read_progress(run_dir / ".progress"))
-    run = finalize(run_dir, initial, code, err_tail.lines, interrupted, err_tail.torchrun)
-    return LaunchResult(
-        run_dir=run_dir, run=run, exit_code=130 if interrupted else shell_code(code), plan=p
-    )
+    how = stopped.label if stopped is not None else None
+    run = finalize(run_dir, initial, code, err_tail.lines, how, err_tail.torchrun)
+    exit_code = 128 + stopped.signum if stopped is not None else shell_code(run.exit_code or 0)
+    return LaunchResult(run_dir=run_dir, run=run, exit_code=exit_code, plan=p)
 
 
 def shell_code(code: int) -> int:
@@ -354,17 +419,25 @@ def shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _stop_group(proc: subprocess.Popen[bytes], sig: int, grace_s: float = 20.0) -> None:
-    """Pass Ctrl-C to the workers, then insist: the launcher never hangs on a stuck rank.
+def _stop_tree(proc: subprocess.Popen[bytes], tree: ProcessTree, sig: int, grace_s: float) -> None:
+    """Pass the stop to the workers, then insist: nothing mgprof started outlives it.
 
-    A second Ctrl-C while the workers finish their records ends the wait at once (SIGKILL).
+    ``sig`` goes to the child's process group (torchrun forwards it to each worker and waits for
+    them to write their records); after ``grace_s``, or at once on a second signal, every
+    process of the tree still alive is SIGKILLed.
     """
+    tree.scan()
+    signal_group(proc.pid, sig)
+    if proc.pid not in {p.pid for p in tree.alive()}:
+        tree.signal_all(sig)  # the child is gone already: its orphans get the signal directly
+    deadline = time.monotonic() + grace_s
     try:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=grace_s)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    except ProcessLookupError:
-        pass
+        while proc.poll() is None and time.monotonic() < deadline:
+            tree.scan(force=False)
+            time.sleep(0.1)
+    except Stopped:
+        pass  # a second signal: stop waiting
+    ignore_stop_signals()
+    if proc.poll() is None:
+        tree.kill_all()
+    proc.wait()
