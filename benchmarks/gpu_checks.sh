@@ -2,7 +2,9 @@
 # Every check that needs a real GPU, in one go, for a session that has the GPU machine.
 #
 #   mkdir -p .gpu && cp ../shared/gpu/capture_fixtures.py .gpu/ && echo /.gpu/ >> .git/info/exclude
-#   then, on the device: bash benchmarks/gpu_checks.sh "$OUT"     (carry: [".gpu"], ~8 minutes)
+#   the device lacks msgspec and plotly: download their wheels into .whl/ (the device notes say
+#   how) and install them first with pip --target /tmp/site, PYTHONPATH=/tmp/site:$PWD
+#   then, on the device: bash benchmarks/gpu_checks.sh "$OUT"  (carry: [".gpu", ".whl"], ~5 min)
 #
 # Writes each check's output to $OUT/<name>.txt and a one-line verdict per check to
 # $OUT/summary.txt; one failing check does not stop the others. What each proves:
@@ -15,6 +17,8 @@
 #   compare       single vs DP vs DDP rows on CUDA, with the DP row
 #   sweep         a DataLoader script swept without mgprof.batch_size(): observed == requested
 #   bandwidth     `mgprof doctor --bandwidth` over NCCL (needs 2+ GPUs)
+#   stop          SIGTERM to a running CUDA `mgprof analyze`: exit 143, run.json `interrupted`,
+#                 no process of the run alive and none left on the GPU (benchmarks/stop_check.py)
 #   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +57,7 @@ check compare 300 python3 -m mgprof compare tests/scripts/dp_tutorial.py --gpus 
   --steps 6 --out "$OUT/runs" --quiet
 check sweep 240 python3 -m mgprof sweep tests/scripts/cnn_loader.py --gpus 1 \
   --batch-sizes 16,64 --steps 3 --out "$OUT/runs" --quiet --format json
+check stop 180 python3 benchmarks/stop_check.py --gpus 1 --after 20
 if [ "$GPUS" -ge 2 ]; then
   check bandwidth 180 python3 -m mgprof doctor --bandwidth --gpus "$GPUS" --sizes 1M,64M --json
 else

@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except UsageError as exc:
-        print(f"mgprof {args.command}: error: {exc}", file=sys.stderr)
+        from mgprof.commands import error_line
+
+        print(error_line(args.command, exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"mgprof {args.command}: interrupted", file=sys.stderr)

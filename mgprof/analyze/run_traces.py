@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from mgprof.records import RunRecord
+from mgprof.safe_read import file_problem
 
 TraceAnalyzer = Callable[[Path], Any]
 """Turns one trace file into a summary (a msgspec Struct or a dict); raises on a bad trace."""
@@ -64,8 +65,9 @@ def _trace_files(
             path = _resolve_trace(run_dir, rel)
             if path is None:
                 traces.warnings.append(f"rank {rec.rank}: trace {rel} is outside the run directory")
-            elif not path.is_file():
-                traces.warnings.append(f"rank {rec.rank}: trace {rel} is missing from {run_dir}")
+            elif (problem := file_problem(path)) is not None:
+                what = "is missing from" if not os.path.lexists(path) else f"({problem}) in"
+                traces.warnings.append(f"rank {rec.rank}: trace {rel} {what} {run_dir}")
             else:
                 files.append((rec.rank, rel, path))
                 found += 1

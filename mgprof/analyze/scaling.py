@@ -19,6 +19,7 @@ from mgprof.analyze.readers import num as _num
 from mgprof.analyze.run_steps import usual_batch_sizes
 from mgprof.errors import RunRecordError
 from mgprof.records import RunRecord
+from mgprof.safe_read import read_regular
 
 COMPARISON_VERSION = 1
 COMPARISON_JSON = "comparison.json"
@@ -375,12 +376,11 @@ def read_comparison(path: str | Path) -> Comparison:
     p = Path(path)
     if p.is_dir():
         p = p / COMPARISON_JSON
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise RunRecordError(f"cannot read {p}: {exc.strerror}") from None
+    data = read_regular(p, error=RunRecordError)
     try:
         comp = msgspec.json.decode(data, type=Comparison)
+    except RecursionError:
+        raise RunRecordError(f"{p} is nested too deeply to be an mgprof comparison.json") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise RunRecordError(f"{p} is not an mgprof comparison.json: {exc}") from None
     if comp.schema_version > COMPARISON_VERSION:

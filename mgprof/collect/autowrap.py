@@ -21,13 +21,13 @@ from __future__ import annotations
 import copyreg
 import os
 import threading
-import warnings
 import weakref
 from typing import Any
 
 import torch
 from torch import nn
 
+from mgprof.collect.failopen import emit_line
 from mgprof.records import AutoWrapRecord
 
 AUTO_WRAP_ENV = "MGPROF_AUTO_WRAP"
@@ -267,7 +267,7 @@ class AutoWrap:
         if self._note is not None:
             self._note("auto_wrap", self.record)
         if reason is not None and reason != _SELF_WRAPPED and wrapper is None:
-            warnings.warn(f"mgprof auto-wrap: nothing wrapped: {reason}", RuntimeWarning, 2)
+            emit_line(f"mgprof auto-wrap: nothing wrapped: {reason}")
         self.uninstall()
 
 

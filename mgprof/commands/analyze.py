@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,26 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         help="under dp/ddp, do not wrap a model the script leaves unwrapped (its ranks then "
         "train independent copies, and the report says so)",
     )
+    p.add_argument(
+        "--max-cpu-ranks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="without CUDA, refuse more than N CPU ranks (default: 4 per core)",
+    )
     multi = p.add_argument_group("multi-node (passed to torchrun)")
     multi.add_argument("--nnodes", type=int, default=1)
     multi.add_argument("--node-rank", type=int, default=0)
     multi.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
     multi.add_argument("--rdzv-backend", default="c10d")
+
+
+def script_output_for(fmt: str) -> contextlib.AbstractContextManager[Any]:
+    """Where the launched script's stdout goes: with a machine-read report (``--format json``
+    or ``md``) stdout is the report's alone, so the script's lines go to stderr."""
+    if fmt in ("json", "md"):
+        return contextlib.redirect_stdout(sys.stderr)
+    return contextlib.nullcontext()
 
 
 def register(subparsers: Any) -> None:
@@ -95,11 +111,15 @@ def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
         rdzv_backend=args.rdzv_backend,
         collective_timeout_s=getattr(args, "collective_timeout", 600.0),
         auto_wrap=getattr(args, "auto_wrap", True),
+        max_cpu_ranks=getattr(args, "max_cpu_ranks", None),
+        # a machine-read report owns stdout: the script's own output goes to stderr
+        script_stdout_to_stderr=getattr(args, "format", "term") in ("json", "md"),
     )
 
 
 def run(args: argparse.Namespace) -> int:
     from mgprof.report.progress import LaunchProgress
+    from mgprof.report.safe_text import printable
     from mgprof.run.finish import finish_run, print_report
     from mgprof.run.launcher import launch
 
@@ -119,9 +139,11 @@ def run(args: argparse.Namespace) -> int:
         # The output folder became unwritable (or vanished) during the run: say so in one line
         # and keep the script's exit code, which is the training's result.
         print(
-            f"mgprof analyze: error: cannot write the report into {result.run_dir}: "
-            f"{exc.strerror or exc}; check the --out folder (the script exited with code "
-            f"{result.exit_code})",
+            printable(
+                f"mgprof analyze: error: cannot write the report into {result.run_dir}: "
+                f"{exc.strerror or exc}; check the --out folder (the script exited with code "
+                f"{result.exit_code})"
+            ),
             file=sys.stderr,
         )
         return result.exit_code

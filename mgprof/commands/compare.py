@@ -59,26 +59,28 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mgprof.commands.analyze import script_output_for
     from mgprof.studies.compare import compare
 
     if args.nnodes != 1 or args.rdzv_endpoint:
         raise UsageError("compare runs on one node; drop --nnodes/--rdzv-endpoint")
     progress = None if args.quiet else _progress
-    comp = compare(
-        Path(args.script),
-        gpus=args.gpus,
-        strategies=args.strategies,
-        steps=args.steps,
-        warmup=args.warmup,
-        batch_size=args.batch_size,
-        global_batch=args.global_batch,
-        out=Path(args.out),
-        script_args=list(args.script_args),
-        nosync_steps=args.nosync_steps,
-        trace_steps=args.active,
-        on_progress=progress,
-        auto_wrap=args.auto_wrap,
-    )
+    with script_output_for(args.format):
+        comp = compare(
+            Path(args.script),
+            gpus=args.gpus,
+            strategies=args.strategies,
+            steps=args.steps,
+            warmup=args.warmup,
+            batch_size=args.batch_size,
+            global_batch=args.global_batch,
+            out=Path(args.out),
+            script_args=list(args.script_args),
+            nosync_steps=args.nosync_steps,
+            trace_steps=args.active,
+            on_progress=progress,
+            auto_wrap=args.auto_wrap,
+        )
     where = Path(args.out) / comp.comparison_id
     if args.format == "json":
         from mgprof.report.compare_view import comparison_to_json

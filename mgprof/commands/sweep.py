@@ -121,6 +121,7 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mgprof.commands.analyze import script_output_for
     from mgprof.report.sweep_view import render_sweep, sweep_to_json, sweep_to_markdown, trial_line
     from mgprof.studies.sweep import run_sweep
 
@@ -130,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"mgprof sweep: {trial_line(trial)}", file=sys.stderr, flush=True)
 
-    result = run_sweep(config, on_trial=progress)
+    with script_output_for(args.format):
+        result = run_sweep(config, on_trial=progress)
     if args.format == "json":
         sys.stdout.write(sweep_to_json(result))
     elif args.format == "md":

@@ -95,6 +95,16 @@ class AutoInstrument:
         return self.session, True
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self._on_update(optimizer)
+        except StepLimitReached:
+            raise  # the measured steps are done: the script is stopped on purpose
+        except Exception as exc:  # fail open: the training goes on, unmeasured from here
+            from mgprof.collect import failopen
+
+            failopen.report("optimizer hook", exc)
+
+    def _on_update(self, optimizer: Any) -> None:
         key = id(optimizer)
         self._optimizers.setdefault(key, optimizer)
         if self.clock_optimizer is None:

@@ -426,12 +426,13 @@ def read_sweep(path: str | os.PathLike[str]) -> SweepResult:
     p = Path(path)
     if p.is_dir():
         p = p / SWEEP_JSON
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {p}: {exc.strerror}; give a sweep directory") from None
+    from mgprof.safe_read import read_regular
+
+    data = read_regular(p, hint="give a sweep directory")
     try:
         head = msgspec.json.decode(data)
+    except RecursionError:
+        raise UsageError(f"{p} is nested too deeply to be an mgprof sweep.json") from None
     except msgspec.DecodeError as exc:
         raise UsageError(f"{p} is not valid JSON ({exc})") from None
     version = head.get("schema_version") if isinstance(head, dict) else None
