@@ -2,9 +2,9 @@
 
 commands → studies → run → collect; run, studies and collect may use analyze and report (run and
 studies view too); everything may use the shared vocabulary at the root (records, errors, atomic,
-rundir). analyze and report import neither torch nor pynvml nor any layer above them. Checked on
-the source, every import, including the ones inside functions, so a lazy import cannot hide a
-wrong arrow.
+rundir, safe_read). analyze and report import neither torch nor pynvml nor any layer above them.
+Checked on the source, every import, including the ones inside functions, so a lazy import cannot
+hide a wrong arrow.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ dist.all_reduce(torch.ones(4))
 
 
 @pytest.mark.slow
-def test_ctrl_c_leaves_a_valid_incomplete_run(tmp_path: Path) -> None:
+def test_ctrl_c_leaves_a_valid_interrupted_run(tmp_path: Path) -> None:
     script = write_script(
         tmp_path,
         "slow.py",
@@ -155,7 +155,7 @@ for i in range(100000):
     assert code == 130, err[-3000:]
     assert took < BOUND_S
     _, run = the_run(tmp_path)
-    assert run.status == "incomplete" and run.error == "interrupted (Ctrl-C)"
+    assert run.status == "interrupted" and run.error == "interrupted (Ctrl-C)"
     assert sorted(r.rank for r in run.ranks) == [0, 1]  # the steps measured so far are kept
     assert all(r.steps for r in run.ranks)
 
