@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from mgprof import __version__
-from mgprof.errors import UsageError
+from mgprof.errors import Interrupted, UsageError
 
 COMMANDS = ("analyze", "compare", "sweep", "trace", "report", "view", "doctor")
 LAUNCHING = ("analyze", "compare", "sweep")
@@ -61,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(error_line(args.command, exc), file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        print(f"mgprof {args.command}: interrupted ({stop.label})", file=sys.stderr)
+        return 128 + stop.signum
     except KeyboardInterrupt:
         print(f"mgprof {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -14,6 +14,16 @@ class UsageError(MgprofError):
     """
 
 
+class Interrupted(MgprofError):
+    """mgprof was stopped by a signal (Ctrl-C, ``kill``, a closed terminal) while it ran a
+    script; what it started has been stopped. The CLI exits 128 + ``signum``, no traceback."""
+
+    def __init__(self, signum: int, label: str) -> None:
+        super().__init__(label)
+        self.signum = signum
+        self.label = label
+
+
 class TraceError(UsageError):
     """A trace file that cannot be read as a torch.profiler / Kineto trace."""
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _trace_events import ev
 
 from mgprof.analyze.trace_load import load_trace
 from mgprof.cli import main
@@ -41,13 +42,6 @@ took minutes or never ended."""
 
 
 # --- helpers ---------------------------------------------------------------------------------
-def ev(name: str, cat: str, ts: float, dur: float | None, tid: Any = 7, **args: Any) -> dict:
-    e: dict[str, Any] = {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid, "ts": ts}
-    if dur is not None:
-        e["dur"] = dur
-    if args:
-        e["args"] = args
-    return e
 
 
 def good_events(rank: int = 0) -> list[dict]:

@@ -339,3 +339,41 @@ def test_the_entry_stub_drops_the_working_directory_and_sets_the_parent_death_si
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"pdeathsig {int(signal.SIGTERM)}" in out.stdout
     assert "cwd on path False" in out.stdout
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_comparison_before_its_next_strategy(tmp_path: Path) -> None:
+    """A study does not swallow the stop: no further strategy is launched, exit 143."""
+    script = write_script(
+        tmp_path,
+        "plain.py",
+        """
+        import time, torch
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(100000):
+            model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+            time.sleep(0.05)
+        """,
+    )
+    cmd = [str(MGPROF), "compare", str(script), "--gpus", "2", "--strategies", "single,ddp"]
+    proc = subprocess.Popen(
+        [*cmd, "--steps", "5000", "--quiet", "--out", "runs"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + BOUND_S
+    while not list((tmp_path / "runs").glob("*/*single*/.progress/rank0")):
+        assert time.monotonic() < deadline and proc.poll() is None, quiet(proc.communicate()[1])
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    rc, output = finish(proc)
+    assert rc == 143, output[-3000:]
+    assert "interrupted (SIGTERM)" in output and "Traceback" not in output
+    runs = [p.name for p in (tmp_path / "runs").glob("*/*") if p.is_dir()]
+    assert len(runs) == 1 and "single" in runs[0], runs  # the ddp row never started

@@ -8,21 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _trace_events import ev
 
 from mgprof.analyze.comm import busbw_factor, collective_type
 from mgprof.analyze.intervals import as_array, covered_within, intersect, union_length
 from mgprof.analyze.kernels import classify_kernel
 from mgprof.analyze.trace_summary import analyze_job, analyze_trace_file
 from mgprof.errors import TraceError
-
-
-def ev(name: str, cat: str, ts: float, dur: float | None, tid: Any = 7, **args: Any) -> dict:
-    e: dict[str, Any] = {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid, "ts": ts}
-    if dur is not None:
-        e["dur"] = dur
-    if args:
-        e["args"] = args
-    return e
 
 
 def write(tmp: Path, name: str, events: list[dict], gz: bool = False, **top: Any) -> Path:

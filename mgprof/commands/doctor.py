@@ -39,22 +39,19 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-
-
 def parse_sizes(text: str) -> list[int]:
-    """``64K,1M`` → bytes; UsageError naming the bad item."""
+    """``64K,1M`` → bytes (``safe_read.parse_size`` per item); UsageError naming the bad item."""
     from mgprof.errors import UsageError
+    from mgprof.safe_read import parse_size
 
     sizes = []
-    for item in (s.strip().upper().removesuffix("B") for s in text.split(",")):
+    for item in (s.strip() for s in text.split(",")):
         if not item:
             continue
-        unit = item[-1] if item[-1] in "KMG" else ""
-        number = item[: -1 if unit else None]
-        if not number.isdigit() or int(number) < 1:
-            raise UsageError(f"--sizes: {item!r} is not a size; give e.g. 64K,1M,16M")
-        sizes.append(int(number) * _UNITS[unit])
+        try:
+            sizes.append(parse_size(item))
+        except ValueError:
+            raise UsageError(f"--sizes: {item!r} is not a size; give e.g. 64K,1M,16M") from None
     if not sizes:
         raise UsageError("--sizes is empty; give e.g. 64K,1M,16M")
     return sizes

@@ -104,11 +104,12 @@ def loopback_store() -> None:
         """A TCPStore whose server socket is bound to loopback."""
 
         def __init__(self, host_name: str, port: int = 0, *args: Any, **kwargs: Any) -> None:
-            names = ("world_size", "is_master", "timeout", "wait_for_workers")
-            given = dict(zip(names, args, strict=False))
-            is_master = bool(kwargs.get("is_master", given.get("is_master", False)))
+            # positional after (host_name, port): world_size, is_master, timeout,
+            # wait_for_workers, multi_tenant, master_listen_fd, use_libuv
+            is_master = bool(kwargs.get("is_master", args[1] if len(args) > 1 else False))
+            fd_given = len(args) > 5 or kwargs.get("master_listen_fd") is not None
             sock = None
-            if is_master and kwargs.get("master_listen_fd") is None and len(args) < 7:
+            if is_master and not fd_given:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(("127.0.0.1", port or 0))

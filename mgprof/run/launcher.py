@@ -317,6 +317,9 @@ class LaunchResult:
     run: RunRecord
     exit_code: int
     plan: Plan
+    stopped: Stopped | None = None
+    """The signal that stopped mgprof during the launch: a study (compare, sweep) raises it
+    rather than launching its next run."""
 
 
 ProgressCallback = Callable[[dict[int, int]], None]
@@ -411,7 +414,7 @@ def launch(config: LaunchConfig, on_progress: ProgressCallback | None = None) ->
     how = stopped.label if stopped is not None else None
     run = finalize(run_dir, initial, code, err_tail.lines, how, err_tail.torchrun)
     exit_code = 128 + stopped.signum if stopped is not None else shell_code(run.exit_code or 0)
-    return LaunchResult(run_dir=run_dir, run=run, exit_code=exit_code, plan=p)
+    return LaunchResult(run_dir=run_dir, run=run, exit_code=exit_code, plan=p, stopped=stopped)
 
 
 def shell_code(code: int) -> int:

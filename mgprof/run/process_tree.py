@@ -22,22 +22,20 @@ from types import FrameType
 
 import psutil
 
+from mgprof.errors import Interrupted
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SCAN_EVERY_S = 1.0
 LEFTOVER_GRACE_S = 2.0
 
 
-class Stopped(Exception):
-    """mgprof received ``signum`` (Ctrl-C, ``kill``, a closed terminal) while its child ran."""
+class Stopped(Interrupted):
+    """mgprof received ``signum`` (Ctrl-C, ``kill``, a closed terminal) while its child ran;
+    ``label`` (``Ctrl-C`` or the signal's name) is how run.json's error names the stop."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-    @property
-    def label(self) -> str:
-        """How the run.json error names the stop: ``Ctrl-C`` or the signal's name."""
-        return "Ctrl-C" if self.signum == signal.SIGINT else signal.Signals(self.signum).name
+        name = signal.Signals(signum).name
+        super().__init__(signum, "Ctrl-C" if signum == signal.SIGINT else name)
 
     @property
     def forward(self) -> int:

@@ -305,6 +305,8 @@ def _run_one(
 
     result = launch(config, on_progress=callback)
     run, analysis = finish_run(result.run_dir, result.run)
+    if result.stopped is not None:  # Ctrl-C or SIGTERM: no further strategy is launched
+        raise result.stopped
     ab: Any = None
     if strategy == "ddp" and nosync_steps > 0:
         found = read_result(result.run_dir, 0)

@@ -248,6 +248,8 @@ def _run_trial(
         oom_line = next(line for line in reversed(tap.text().splitlines()) if is_oom_error(line))
         run = msgspec.structs.replace(run, error=f"{run.error}; stderr: {oom_line.strip()}")
     run, analysis = finish_run(launched.run_dir, run)
+    if launched.stopped is not None:  # no further trial; sweep.json keeps the finished ones
+        raise launched.stopped
     return launched.run_dir, run, analysis
 
 
