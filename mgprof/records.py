@@ -49,12 +49,22 @@ class StepRecord(Struct):
 
 
 class RegionRecord(Struct):
-    """Totals of one ``mgprof.region(name)`` across the steps of a rank."""
+    """Totals of one ``mgprof.region(name)`` across the steps of a rank.
+
+    Regions nest: ``path`` is the names of the enclosing regions, outermost first, ending with
+    ``name``; the same name under two parents is two records. The quantiles come from the
+    region's durations (all of them up to ``REGION_DURATIONS_KEPT``, then a uniform sample).
+    """
 
     name: str
     count: int
     total_ms: float
     max_ms: float
+    path: list[str] = msgspec.field(default_factory=list)
+    """Enclosing regions outermost first, then ``name`` (empty in runs recorded before nesting)."""
+    min_ms: float | None = None
+    p50_ms: float | None = None
+    p95_ms: float | None = None
 
 
 class DeviceSamples(Struct):
@@ -123,6 +133,12 @@ class TrainingFacts(Struct):
     """``torch.get_num_threads()`` on this rank: intra-op threads for CPU operators."""
     omp_num_threads: str | None = None
     """``OMP_NUM_THREADS`` as the rank saw it (None: unset)."""
+    cpu_cores: int | None = None
+    """CPU cores this rank's process may run on (its affinity mask; ``os.cpu_count()`` where
+    there is none). Advice on loader workers divides these among the ranks of the host."""
+    ddp_gradient_mib: float | None = None
+    """Size of the gradients a DistributedDataParallel module all-reduces per step (its trainable
+    parameters' bytes), to compare with ``ddp_bucket_cap_mb``."""
 
 
 class AutoWrapRecord(Struct):

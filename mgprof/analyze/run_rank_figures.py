@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mgprof.analyze.readers import num as _float_or_none
+from mgprof.analyze.regions import region_figures
 from mgprof.analyze.run_results import DeviceUtil, MemoryFigures, RankAnalysis
 from mgprof.analyze.run_steps import (
     dataloader_totals,
@@ -151,6 +152,7 @@ def analyze_rank(rank: RankRecord, traces: RunTraces) -> RankAnalysis:
         for key in ("step_time_ms", "samples_per_s", "dataloader_share_pct"):
             na[key] = why
 
+    out.regions = region_figures(rank.regions, rank.steps)
     _sampler_figures(rank, out)
     _energy_per_sample(rank, out)
     _memory_figures(rank, out)

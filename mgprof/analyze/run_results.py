@@ -7,6 +7,12 @@ from typing import Any
 import msgspec
 
 DEFINITIONS: dict[str, str] = {
+    "regions": (
+        "per rank and mgprof.region (nested regions under their parent): count, total, mean, "
+        "p50/p95 (linear interpolation over its durations; a uniform sample of 4096 when there "
+        "were more), max; share_pct = 100 * region total / sum of the rank's recorded step "
+        "times (both over every step, warm-up included; a region outside steps can exceed 100)"
+    ),
     "steady_state_steps": (
         "the steps a figure is computed over: all recorded steps of a rank but the first (its "
         "warm-up: allocator growth, cuDNN autotuning, lazy init) when the rank has 3 or more "
@@ -105,6 +111,21 @@ class DeviceUtil(_Out):
     energy_j: float | None = None
 
 
+class RegionFigures(_Out):
+    """One ``mgprof.region`` on one rank (``mgprof.analyze.regions``)."""
+
+    name: str
+    path: list[str]
+    depth: int
+    count: int
+    total_ms: float
+    mean_ms: float
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    max_ms: float | None = None
+    share_pct: float | None = None
+
+
 class CommFigures(_Out):
     """A rank's communication time from its traces, summed over trace files."""
 
@@ -158,6 +179,7 @@ class RankAnalysis(_Out):
     comm: CommFigures | None = None
     memory: MemoryFigures | None = None
     dataloader_share_pct: float | None = None
+    regions: list[RegionFigures] = msgspec.field(default_factory=list)
     not_applicable: dict[str, str] = msgspec.field(default_factory=dict)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, overload
@@ -66,13 +67,34 @@ def profile_step(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
     return decorate(fn) if fn is not None else decorate
 
 
+_open_regions = threading.local()
+"""Names of the regions open on this thread, outermost first: a region's nesting path."""
+
+
+def _region_stack() -> list[str]:
+    stack = getattr(_open_regions, "stack", None)
+    if stack is None:
+        stack = _open_regions.stack = []
+    return stack
+
+
 @contextmanager
 def region(name: str) -> Iterator[None]:
-    """A named region: shows in traces (record_function) and in the report's region timings."""
+    """A named region: shows in traces (record_function) and in the report's region timings.
+
+    Regions nest: one opened inside another is reported under it (``forward / attention``).
+    """
     session = active_session()
     start = None
+    path: tuple[str, ...] = ()
+    stack: list[str] | None = None
+    depth = 0
     if session is not None and session._running:
         try:
+            stack = _region_stack()
+            depth = len(stack)
+            path = (*stack, str(name))
+            stack.append(str(name))
             start = session._clock.mark()
         except Exception as exc:  # fail open: the block runs, untimed
             session.failopen.report("region", exc)
@@ -80,8 +102,10 @@ def region(name: str) -> Iterator[None]:
         with record_function(name):
             yield
     finally:
+        if stack is not None:
+            del stack[depth:]  # also drops what an inner region left open by a bad exit
         if session is not None and start is not None:
             try:
-                session.add_region(name, start, session._clock.mark())
+                session.add_region(path, start, session._clock.mark())
             except Exception as exc:
                 session.failopen.report("region", exc)

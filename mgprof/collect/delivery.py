@@ -25,13 +25,13 @@ from mgprof.collect import hooks
 from mgprof.collect.device_facts import device_info, guess_strategy, record_versions
 from mgprof.collect.distenv import RankInfo, env_rank_info, gather_bytes_to_rank0, group_ready
 from mgprof.collect.failopen import FailOpen
+from mgprof.collect.region_stats import RegionStats
 from mgprof.collect.staging import Staging
 from mgprof.collect.torch_profiler import TraceWriter
 from mgprof.records import (
     DeviceInfo,
     MemoryRecord,
     RankRecord,
-    RegionRecord,
     RunRecord,
     SamplerRecord,
     StepRecord,
@@ -110,7 +110,7 @@ class DeliveryMixin:
     _info: RankInfo | None
     _mode: str | None
     _done_steps: list[StepRecord]
-    _region_totals: dict[str, list[float]]
+    _region_stats: RegionStats
     _cuda_indices: list[int]
     _writer: TraceWriter | None
     _staging: Staging | None
@@ -131,10 +131,7 @@ class DeliveryMixin:
         self, sampler: SamplerRecord, memory: MemoryRecord | None, error: str | None
     ) -> RankRecord:
         info = self._rank_info()
-        regions = [
-            RegionRecord(name=n, count=int(t[0]), total_ms=round(t[1], 6), max_ms=round(t[2], 6))
-            for n, t in sorted(self._region_totals.items())
-        ]
+        regions = self._region_stats.records()
         strategy = self.strategy or os.environ.get("MGPROF_STRATEGY") or guess_strategy(info)
         backend = None
         with self.failopen.guard("backend"):

@@ -54,7 +54,29 @@ def training_facts() -> TrainingFacts:
     facts = {k: v for k, v in _facts.items() if k in TrainingFacts.__struct_fields__}
     facts["cpu_threads"] = torch.get_num_threads()
     facts["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    facts["cpu_cores"] = _usable_cores()
     return TrainingFacts(**facts)
+
+
+def _usable_cores() -> int | None:
+    """Cores this process may run on: its affinity mask (a container or ``taskset`` limit),
+    else ``os.cpu_count()``."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    if getaffinity is not None:
+        try:
+            return len(getaffinity(0))
+        except OSError:
+            pass
+    return os.cpu_count()
+
+
+def _gradient_mib(module: Any) -> float:
+    """MiB of the gradients a DDP module all-reduces: its trainable parameters' bytes."""
+    total = 0
+    for p in module.parameters():
+        if p.requires_grad:
+            total += p.numel() * p.element_size()
+    return total / 2**20
 
 
 def _timed_next(self: Any) -> Any:
@@ -101,6 +123,7 @@ def _ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         _facts["find_unused_parameters"] = bool(getattr(self, "find_unused_parameters", False))
         cap = kwargs.get("bucket_cap_mb")
         _facts["ddp_bucket_cap_mb"] = float(cap) if cap is not None else 25.0
+        _facts["ddp_gradient_mib"] = _gradient_mib(self.module)
         watch_wrapper(self)
     except Exception as exc:
         _report("DDP hook", exc)

@@ -39,6 +39,7 @@ from mgprof.collect.inline_report import report_command as _report_command
 from mgprof.collect.inline_report import report_run
 from mgprof.collect.memory import collect_memory, reset_peaks
 from mgprof.collect.progress import PROGRESS_ENV, ProgressFile
+from mgprof.collect.region_stats import RegionStats
 from mgprof.collect.staging import Staging, open_staging
 from mgprof.collect.step_timer import Clock, Mark
 from mgprof.collect.steps import NULL_STEP, NullStep, PendingStep, StepHandle, StepRecordsMixin
@@ -130,8 +131,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
         self._closed = False
         self._steps: list[PendingStep] = []
         self._done_steps: list[StepRecord] = []
-        self._regions: list[tuple[str, Mark, Mark]] = []
-        self._region_totals: dict[str, list[float]] = {}
+        self._regions: list[tuple[tuple[str, ...], Mark, Mark]] = []
+        self._region_stats = RegionStats()
         self._mode: str | None = None
         self._pending_first: StepHandle | None = None
         self._boundary: Mark | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mgprof.collect.batchinfo import PendingFingerprint
+from mgprof.collect.region_stats import RegionStats
 from mgprof.collect.step_timer import Clock, Mark
 from mgprof.records import StepRecord
 
@@ -86,8 +87,8 @@ class StepRecordsMixin:
     _steps: list[PendingStep]
     _done_steps: list[StepRecord]
     _step_index: int
-    _regions: list[tuple[str, Mark, Mark]]
-    _region_totals: dict[str, list[float]]
+    _regions: list[tuple[tuple[str, ...], Mark, Mark]]
+    _region_stats: RegionStats
     _mode: str | None
     _clock: Clock
     _trace_window: tuple[int, int] | None
@@ -128,20 +129,19 @@ class StepRecordsMixin:
         window = self._trace_window
         return window is not None and window[0] <= index < window[1]
 
-    def add_region(self, name: str, start: Mark, end: Mark) -> None:
-        self._regions.append((name, start, end))
+    def add_region(self, path: tuple[str, ...], start: Mark, end: Mark) -> None:
+        """A closed region; ``path`` is the enclosing regions' names, outermost first, then its
+        own."""
+        self._regions.append((path, start, end))
 
     def _resolve_regions(self, wait: bool) -> None:
         keep = []
-        for name, start, end in self._regions:
+        for path, start, end in self._regions:
             if not wait and not (Clock.ready(start) and Clock.ready(end)):
-                keep.append((name, start, end))
+                keep.append((path, start, end))
                 continue
             ms = self._clock.elapsed_ms(start, end)
             self._clock.recycle(start)
             self._clock.recycle(end)
-            tot = self._region_totals.setdefault(name, [0, 0.0, 0.0])
-            tot[0] += 1
-            tot[1] += ms
-            tot[2] = max(tot[2], ms)
+            self._region_stats.add(path, ms)
         self._regions = keep
