@@ -53,6 +53,15 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     multi.add_argument("--rdzv-backend", default="c10d")
 
 
+def add_definitions_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--definitions",
+        action="store_true",
+        help="end the terminal report with what each figure means (Markdown and HTML reports "
+        "always carry it, folded)",
+    )
+
+
 def script_output_for(fmt: str) -> contextlib.AbstractContextManager[Any]:
     """Where the launched script's stdout goes: with a machine-read report (``--format json``
     or ``md``) stdout is the report's alone, so the script's lines go to stderr."""
@@ -82,6 +91,7 @@ def register(subparsers: Any) -> None:
         default="term",
         help="report printed at the end (default: term)",
     )
+    add_definitions_flag(p)
     p.add_argument(
         "--collective-timeout",
         type=float,
@@ -147,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return result.exit_code
-    print_report(run_record, analysis, result.run_dir, args.format)
+    print_report(run_record, analysis, result.run_dir, args.format, definitions=args.definitions)
     return result.exit_code
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mgprof.commands.analyze import add_definitions_flag
 from mgprof.commands.trace import add_max_trace_size, trace_size_override, write_out
 from mgprof.errors import UsageError
 
@@ -54,9 +55,15 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--format", choices=formats, default="term", help="output format (default: term)"
     )
-    p.add_argument("--out", metavar="FILE", help="write to FILE (atomically) instead of stdout")
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write to FILE (atomically) instead of stdout; --format html without --out "
+        "writes RUN_DIR/report.html",
+    )
     p.add_argument("--force", action="store_true", help="let --out replace an existing file")
     add_max_trace_size(p)
+    add_definitions_flag(p)
     p.set_defaults(func=run)
 
 
@@ -75,6 +82,7 @@ def build_analysis(run: Any, run_dir: Path) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from mgprof.records import read_run
+    from mgprof.report.safe_text import printable
     from mgprof.safe_read import check_out_path, file_problem
 
     out = Path(args.out) if args.out else None
@@ -97,8 +105,12 @@ def run(args: argparse.Namespace) -> int:
         return _render_sweep(path, args.format, out, args.force)
     run_record = read_run(path)
     run_dir = path if path.is_dir() else path.parent
+    force = args.force
+    if out is None and args.format == "html":
+        # a page is no use on a terminal: it goes beside run.json, replacing the one mgprof wrote
+        out, force = run_dir / "report.html", True
     if out is not None:
-        check_out_path(out, force=args.force, inputs=_run_inputs(run_record, path, run_dir))
+        check_out_path(out, force=force, inputs=_run_inputs(run_record, path, run_dir))
     with trace_size_override(getattr(args, "max_trace_size", None)):
         analysis = build_analysis(run_record, run_dir)
     if args.format == "term":
@@ -106,10 +118,13 @@ def run(args: argparse.Namespace) -> int:
 
         from mgprof.report.run_terminal import render_run
 
-        render_run(run_record, analysis, Console())
+        render_run(run_record, analysis, Console(), definitions=args.definitions)
         return 0
     text = _text_renderers()[args.format](run_record, analysis)
-    return _emit(text, out)
+    code = _emit(text, out)
+    if out is not None and args.format == "html" and not args.out:
+        print(f"wrote {printable(str(out))}")
+    return code
 
 
 def _run_inputs(run_record: Any, path: Path, run_dir: Path) -> list[Path]:

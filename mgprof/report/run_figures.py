@@ -14,6 +14,7 @@ from mgprof.report.section_model import (
     Footnotes,
     Section,
     Table,
+    cpu_only,
     fixed,
     job_of,
     ms_from_us,
@@ -60,7 +61,38 @@ def step_time_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
+def _cpu_utilisation_section(analysis: Mapping[str, Any]) -> Section:
+    """CPU run: trace busy and the CPU sampler's load; the GPU columns would all be n/a."""
+    sec = Section("Utilisation")
+    notes = Footnotes()
+    table = Table(["rank", "device", "trace busy %", "CPU %"], numeric_from=2)
+    one = fixed(1)
+    for rank in _ranks(analysis):
+        c = Cells(notes, rank, who_of(rank))
+        devices = [d for d in rank.get("devices", []) if isinstance(d, dict)]
+        cpu = next((d.get("cpu_pct") for d in devices if d.get("cpu_pct") is not None), None)
+        label = f"{rank.get('device', '?')} {rank.get('device_name') or ''}".strip()
+        table.rows.append(
+            [
+                str(rank.get("rank")),
+                label,
+                c.get(rank.get("trace_busy_pct"), one, "trace_busy_pct"),
+                c.get(cpu, one, "cpu_pct", label="CPU %"),
+            ]
+        )
+    sec.tables.append(table)
+    sec.notes.append(
+        "CPU run: trace busy is the share of the trace window covered by operators and "
+        "collectives; CPU % is the rank's process load (100 = one core). NVML utilisation, "
+        "TFLOP/s and MFU are GPU figures."
+    )
+    sec.footnotes = notes.lines()
+    return sec
+
+
 def utilisation_section(analysis: Mapping[str, Any]) -> Section:
+    if cpu_only(analysis):
+        return _cpu_utilisation_section(analysis)
     sec = Section("Utilisation")
     notes = Footnotes()
     table = Table(
@@ -113,6 +145,9 @@ def utilisation_section(analysis: Mapping[str, Any]) -> Section:
 
 def energy_section(analysis: Mapping[str, Any]) -> Section:
     sec = Section("Energy")
+    if cpu_only(analysis):
+        sec.brief = "not measured on a CPU run (NVML's energy counter is a GPU counter)"
+        return sec
     notes = Footnotes()
     table = Table(["rank", "energy J", "J/sample"])
     for record, who in [(r, who_of(r)) for r in _ranks(analysis)] + [(job_of(analysis), "job")]:
@@ -194,7 +229,27 @@ def communication_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
+def _cpu_memory_section(analysis: Mapping[str, Any]) -> Section:
+    sec = Section("Memory & headroom")
+    notes = Footnotes()
+    table = Table(["rank", "device", "peak RSS MiB"], numeric_from=2)
+    for rank in _ranks(analysis):
+        c = Cells(notes, rank, who_of(rank))
+        mem = _dict(rank.get("memory"))
+        rss = c.get(mem.get("peak_rss_mib"), fixed(0), "peak_rss_mib", "memory")
+        table.rows.append([str(rank.get("rank")), str(rank.get("device", "?")), rss])
+    sec.tables.append(table)
+    sec.notes.append(
+        "CPU run: peak resident memory of each rank's process; CUDA allocator peaks and device "
+        "headroom are GPU figures."
+    )
+    sec.footnotes = notes.lines()
+    return sec
+
+
 def memory_section(analysis: Mapping[str, Any]) -> Section:
+    if cpu_only(analysis):
+        return _cpu_memory_section(analysis)
     sec = Section("Memory & headroom")
     notes = Footnotes()
     table = Table(

@@ -37,6 +37,8 @@ def _table(table: Table) -> list[str]:
 
 def _section(section: Section) -> list[str]:
     lines = [f"## {escape_md(section.title)}", ""]
+    if section.brief is not None:
+        return [*lines, escape_md(section.brief), ""]
     if section.notice:
         lines += [f"> **CPU fallback:** {escape_md(section.notice)}", ""]
     if section.facts:
@@ -108,8 +110,8 @@ def run_to_markdown(run: RunRecord, analysis: Mapping[str, Any]) -> str:
     if summary is not None and not summary.full_report:
         return "\n".join(lines)
     defs = definitions(analysis)
-    if defs:
-        lines += ["## Definitions", ""]
+    if defs:  # folded: GitHub and most Markdown viewers render <details> closed
+        lines += ["## Definitions", "", "<details><summary>What each figure means</summary>", ""]
         lines += [f"- **{escape_md(name)}**: {escape_md(text)}" for name, text in defs]
-        lines.append("")
+        lines += ["", "</details>", ""]
     return "\n".join(lines)

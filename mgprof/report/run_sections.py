@@ -28,6 +28,7 @@ from mgprof.report.run_figures import (
     top_kernels_section,
     utilisation_section,
 )
+from mgprof.report.run_regions import regions_section
 from mgprof.report.run_setup import setup_section
 from mgprof.report.section_model import Section, Table
 
@@ -35,10 +36,13 @@ __all__ = ["TOP_KERNELS", "Section", "Table", "build_sections", "definitions"]
 
 
 def build_sections(run: RunRecord, analysis: Mapping[str, Any]) -> list[Section]:
-    """Every section of the run report, in reading order (a missing trace drops Top kernels)."""
-    sections = [
-        setup_section(run, analysis),
-        step_time_section(analysis),
+    """Every section of the run report, in reading order (no region drops Regions, a missing
+    trace drops Top kernels)."""
+    sections = [setup_section(run, analysis), step_time_section(analysis)]
+    regions = regions_section(analysis)
+    if regions is not None:
+        sections.append(regions)
+    sections += [
         utilisation_section(analysis),
         energy_section(analysis),
         communication_section(analysis),

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table as RichTable
@@ -19,8 +18,10 @@ from rich.text import Text
 
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
-from mgprof.report.run_sections import Section, Table, build_sections, definitions
-from mgprof.report.safe_text import rich_text
+from mgprof.report.run_sections import Section, Table, build_sections
+from mgprof.report.run_sections import definitions as figure_definitions
+from mgprof.report.safe_text import printable, rich_text
+from mgprof.report.term_table import Col, print_fitted
 
 _SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
@@ -39,14 +40,13 @@ def _facts(facts: list[tuple[str, str]], console: Console) -> None:
 
 
 def _table(table: Table, console: Console) -> None:
-    out = RichTable(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for i, col in enumerate(table.columns):
-        out.add_column(
-            rich_text(col), justify="left" if i < table.numeric_from else "right", overflow="fold"
-        )
-    for row in table.rows:
-        out.add_row(*(_cell(c) for c in row))
-    console.print(out)
+    """The table at the console's width: numbers whole, columns that do not fit continued in a
+    second table (``term_table``)."""
+    columns = [
+        Col(printable(c), numeric=i >= table.numeric_from) for i, c in enumerate(table.columns)
+    ]
+    rows = [[_cell(c) for c in row] for row in table.rows]
+    print_fitted(console, columns, rows, labels=min(table.numeric_from, len(columns)))
 
 
 def _render_failure(summary: FailureSummary, console: Console) -> None:
@@ -66,7 +66,34 @@ def _render_failure(summary: FailureSummary, console: Console) -> None:
     console.print()
 
 
+def _finding(finding: Mapping[str, Any], console: Console) -> None:
+    """Title line (severity, title, stable id), then evidence/cause/change/saving in a grid so a
+    wrapped line stays indented under its label."""
+    severity = str(finding.get("severity", ""))
+    head = Text.assemble(
+        rich_text(f"[{severity}] ", _SEVERITY_STYLE.get(severity.lower(), "")),
+        rich_text(str(finding.get("title", "")), "bold"),
+    )
+    if finding.get("id"):
+        head.append_text(rich_text(f"  ({finding['id']})", "dim"))
+    console.print(head)
+    grid = RichTable.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key in ("evidence", "cause", "change", "saving"):
+        if finding.get(key):
+            value = rich_text(str(finding[key]), multiline=True)
+            grid.add_row(Text("  " + key + ":", style="dim"), value)
+    console.print(grid)
+
+
 def _render_section(section: Section, console: Console) -> None:
+    if section.brief is not None:
+        console.print(
+            Text.assemble(rich_text(section.title, "bold"), ": ", rich_text(section.brief, "dim"))
+        )
+        console.print()
+        return
     console.rule(rich_text(section.title, style="bold"), align="left")
     if section.notice:
         console.print(
@@ -82,15 +109,7 @@ def _render_section(section: Section, console: Console) -> None:
     for table in section.tables:
         _table(table, console)
     for finding in section.findings:
-        severity = finding.get("severity", "")
-        head = Text.assemble(
-            rich_text(f"[{severity}] ", _SEVERITY_STYLE.get(severity.lower(), "")),
-            rich_text(finding.get("title", ""), "bold"),
-        )
-        console.print(head)
-        for key in ("evidence", "cause", "change", "saving"):
-            if finding.get(key):
-                console.print(rich_text(f"  {key + ':':<9} " + finding[key], multiline=True))
+        _finding(finding, console)
     for note in section.notes:
         console.print(rich_text(note, style="italic", multiline=True))
     for footnote in section.footnotes:
@@ -98,9 +117,12 @@ def _render_section(section: Section, console: Console) -> None:
     console.print()
 
 
-def render_run(run: RunRecord, analysis: Mapping[str, Any], console: Console) -> None:
-    """Print the run report: Setup, step time, utilisation, energy, communication, memory,
-    data loading, slowest rank, top kernels (with traces), findings, then the definitions.
+def render_run(
+    run: RunRecord, analysis: Mapping[str, Any], console: Console, *, definitions: bool = False
+) -> None:
+    """Print the run report: Setup, step time, regions, utilisation, energy, communication,
+    memory, data loading, slowest rank, top kernels (with traces), findings; the glossary of
+    figure definitions only when asked (``--definitions``: it is long, and the same every run).
 
     A failed run's report opens with the failure summary (``failure_summary``), then Setup;
     the other sections follow only when enough steps were recorded to give figures.
@@ -115,7 +137,7 @@ def render_run(run: RunRecord, analysis: Mapping[str, Any], console: Console) ->
         _render_section(section, console)
     if summary is not None and not summary.full_report:
         return
-    defs = definitions(analysis)
+    defs = figure_definitions(analysis) if definitions else []
     if defs:
         console.rule(Text("Definitions", style="bold"), align="left")
         for name, text in defs:

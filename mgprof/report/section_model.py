@@ -42,6 +42,9 @@ class Section:
     notes: list[str] = field(default_factory=list)
     footnotes: list[str] = field(default_factory=list)
     findings: list[dict[str, str]] = field(default_factory=list)
+    brief: str | None = None
+    """The whole section in one line (a GPU-only section of a CPU run says why it is empty);
+    renderers show it in place of the rest."""
 
 
 class Footnotes:
@@ -89,6 +92,12 @@ class Cells:
         if num is None:
             return self._notes.mark(label or figure, self.reason(figure, *reason_keys), self._who)
         return fmt(num)
+
+
+def cpu_only(analysis: Mapping[str, Any]) -> bool:
+    """Every rank ran on the CPU: GPU-only sections shrink to one line."""
+    ranks = [r for r in analysis.get("ranks") or [] if isinstance(r, dict)]
+    return bool(ranks) and all(str(r.get("device", "")).startswith("cpu") for r in ranks)
 
 
 def job_of(analysis: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,8 +28,16 @@ def finish_run(run_dir: Path, run: RunRecord) -> tuple[RunRecord, dict[str, Any]
     return run, analysis
 
 
-def print_report(run: RunRecord, analysis: dict[str, Any], run_dir: Path, fmt: str) -> None:
-    """Render to stdout in the chosen format; the terminal form ends with where files are."""
+def print_report(
+    run: RunRecord,
+    analysis: dict[str, Any],
+    run_dir: Path,
+    fmt: str,
+    *,
+    definitions: bool = False,
+) -> None:
+    """Render to stdout in the chosen format; the terminal form ends with where files are (and
+    the figure definitions only with ``definitions``)."""
     if fmt == "json":
         from mgprof.report.run_json import run_to_json
 
@@ -46,14 +54,10 @@ def print_report(run: RunRecord, analysis: dict[str, Any], run_dir: Path, fmt: s
     from mgprof.report.safe_text import rich_text
 
     console = Console()
-    render_run(run, analysis, console)
+    render_run(run, analysis, console, definitions=definitions)
     # The path holds the user's --out and the script's name: text, never markup (a folder named
     # "[/x]" must not turn a finished run into a crash), control characters shown escaped.
     console.print()
     console.print(rich_text(f"run directory: {run_dir}", highlight=True))
-    console.print(
-        rich_text(
-            f"view traces: mgprof view {run_dir}   |   re-render: mgprof report {run_dir}",
-            highlight=True,
-        )
-    )
+    console.print(rich_text(f"view traces: mgprof view {run_dir}", highlight=True))
+    console.print(rich_text(f"re-render:   mgprof report {run_dir}", highlight=True))
