@@ -26,8 +26,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"mgprof: error: {message} (see '{self.prog} --help')\n")
 
 
+DESCRIPTION = """\
+Profile multi-GPU PyTorch training: how busy each GPU is, what communication
+costs and how much of it hides behind compute, where memory goes, DP vs DDP,
+and the batch-size sweet spot. Without CUDA, ranks run on the CPU over gloo
+(the report says so)."""
+
+EPILOG = """\
+examples:
+  mgprof analyze train.py --gpus 4   4 DDP ranks: trace a few steps, report
+  mgprof analyze train.py --gpus 2 -- --lr 3e-4
+                                     arguments after -- go to the script
+  mgprof compare train.py --gpus 4   single GPU vs DataParallel vs DDP
+  mgprof sweep train.py --gpus 2     where a bigger batch stops paying
+  mgprof report mgprof-runs/RUN      re-render a run (--format md|json|html)
+  mgprof trace ./traces              analyse torch.profiler traces you have
+  mgprof view mgprof-runs/RUN        open the traces in TensorBoard
+  mgprof doctor                      check torch, CUDA, NCCL, NVML, GPUs
+
+'mgprof COMMAND --help' shows a command's options."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mgprof", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="mgprof",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"mgprof {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:

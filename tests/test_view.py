@@ -230,8 +230,15 @@ def test_mgprof_view_serves_a_folder_of_runs_until_ctrl_c(run_dir: Path, tmp_pat
 
 
 @needs_tensorboard
-def test_mgprof_view_takes_tensorboard_with_it_on_sigterm(run_dir: Path, tmp_path: Path) -> None:
-    """``kill`` of mgprof alone (not its group): TensorBoard stops too, exit code 143."""
+@pytest.mark.parametrize(
+    ("sig", "code"),
+    [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGKILL, -signal.SIGKILL)],
+)
+def test_mgprof_view_takes_tensorboard_with_it(
+    run_dir: Path, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """A signal to mgprof alone (not its group): TensorBoard stops too and frees its port, even
+    after SIGKILL (the kernel's parent-death signal); the run shows under its run id."""
     import psutil
 
     port = _free_port()
@@ -249,14 +256,24 @@ def test_mgprof_view_takes_tensorboard_with_it_on_sigterm(run_dir: Path, tmp_pat
         assert f"127.0.0.1:{port}" in line, line
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children, "TensorBoard should run as mgprof's child"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 143
+        if sig == signal.SIGTERM:  # once is enough: the run's name in the profiler plugin
+            runs = _poll(
+                "profiler run named by its run id",
+                lambda: _get(f"http://127.0.0.1:{port}", "/data/plugin/pytorch_profiler/runs"),
+                lambda r: bool(r["runs"]),
+                time.monotonic() + SERVER_TIMEOUT_S,
+            )
+            assert runs["runs"] == [run_dir.name]
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == code
         _, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, [p.pid for p in alive]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    with socket.socket() as sock:  # nothing listens on the port any more
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
 
 
 # --- errors and defaults ------------------------------------------------------------------------

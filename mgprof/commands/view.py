@@ -19,6 +19,7 @@ from mgprof.errors import UsageError
 from mgprof.report.safe_text import printable
 from mgprof.run.process_tree import Stopped, stop_signals
 from mgprof.view import tensorboard as viewer
+from mgprof.view.named_logdir import named_logdir
 
 
 def register(subparsers: Any) -> None:
@@ -104,13 +105,13 @@ def run(args: argparse.Namespace) -> int:
     _refresh_scalars(runs)
 
     url = viewer.profiler_url(args.host, args.port)
-    with stop_signals():
-        return _serve(viewer, logdir, args, url)
+    with stop_signals(), named_logdir(logdir, runs) as served:
+        return _serve(viewer, logdir, served, args, url)
 
 
-def _serve(viewer: Any, logdir: Path, args: argparse.Namespace, url: str) -> int:
+def _serve(viewer: Any, logdir: Path, served: Path, args: argparse.Namespace, url: str) -> int:
     """Serve until TensorBoard ends or mgprof is stopped; the server never outlives mgprof."""
-    proc = viewer.start_tensorboard(logdir, args.host, args.port)
+    proc = viewer.start_tensorboard(served, args.host, args.port)
     try:
         try:
             viewer.wait_until_serving(url, timeout_s=120, proc=proc)

@@ -8,13 +8,12 @@ control characters show escaped and Markdown cannot be broken or carry HTML.
 
 from __future__ import annotations
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from mgprof.analyze.scaling import Comparison, Row, encode_comparison
 from mgprof.report.safe_text import json_text, md_link, md_text, rich_text
+from mgprof.report.term_table import Col, print_fitted
 
 SHORT_COLUMNS = (
     "strategy",
@@ -128,12 +127,12 @@ def render_comparison(comp: Comparison, console: Console, where: str | None = No
     console.rule(Text("mgprof compare", style="bold"), align="left")
     for line in header_lines(comp):
         console.print(rich_text(line))
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0))
-    for i, col in enumerate(SHORT_COLUMNS):
-        table.add_column(Text(col), justify="left" if i == 0 else "right", no_wrap=True)
-    for cells in table_cells(comp):
-        table.add_row(*(rich_text(c, style="dim" if c in ("n/a", "-") else "") for c in cells))
-    console.print(table)
+    columns = [Col(col, numeric=i > 0) for i, col in enumerate(SHORT_COLUMNS)]
+    cells = [
+        [rich_text(c, style="dim" if c in ("n/a", "-") else "") for c in row]
+        for row in table_cells(comp)
+    ]
+    print_fitted(console, columns, cells)
     console.print(Text("verdict: ", style="bold") + rich_text(comp.verdict, multiline=True))
     for line in note_lines(comp):
         console.print(rich_text(line, style="dim", multiline=True))

@@ -89,7 +89,6 @@ def rich_text(
 
 
 _MD_ESCAPES = {
-    "&": "&amp;",
     "<": "&lt;",
     ">": "&gt;",
     "|": "\\|",
@@ -102,11 +101,17 @@ _MD_ESCAPES = {
 }
 
 
+_ENTITY_START = re.compile(r"&(?=#?[0-9A-Za-z]+;)")
+"""An ``&`` that a Markdown renderer would read as a character reference (``&lt;``, ``&#60;``)."""
+
+
 def md_text(text: object) -> str:
     """Text that renders literally in a GitHub-flavoured Markdown table cell, list item or
-    paragraph: one line, no HTML (``<``/``>``/``&`` as entities), ``|`` cannot split a cell,
-    and emphasis, code and link characters are backslash-escaped."""
-    out = "".join(_MD_ESCAPES.get(ch, ch) for ch in printable(text, multiline=True))
+    paragraph: one line, no HTML (``<``/``>`` as entities, ``&`` too where it would start one:
+    a plain "A & B" stays readable in the raw file), ``|`` cannot split a cell, and emphasis,
+    code and link characters are backslash-escaped."""
+    raw = _ENTITY_START.sub("&amp;", printable(text, multiline=True))
+    out = "".join(_MD_ESCAPES.get(ch, ch) for ch in raw)
     return " ".join(out.splitlines())
 
 

@@ -9,13 +9,13 @@ the Markdown form).
 from __future__ import annotations
 
 import msgspec
-from rich import box
 from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
 from mgprof.analyze.sweep import SweepResult, Trial
 from mgprof.report.safe_text import json_text, md_text, printable, rich_text
+from mgprof.report.term_table import Col, print_fitted
 
 COLUMNS = (
     "batch",
@@ -147,12 +147,12 @@ def render_sweep(result: SweepResult, console: Console) -> None:
     for key, value in facts(result):
         grid.add_row(rich_text(key), rich_text(value, multiline=True))
     console.print(grid)
-    table = RichTable(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for i, col in enumerate(COLUMNS):
-        table.add_column(Text(col), justify="left" if i in (2, 9) else "right", no_wrap=i < 9)
-    for row in rows(result):
-        table.add_row(*(rich_text(c, style="dim" if c.startswith("n/a") else "") for c in row))
-    console.print(table)
+    columns = [Col(col, numeric=i not in (2, 9)) for i, col in enumerate(COLUMNS)]
+    cells = [
+        [rich_text(c, style="dim" if c.startswith("n/a") else "") for c in row]
+        for row in rows(result)
+    ]
+    print_fitted(console, columns, cells)
     if any(t.status == "skipped" for t in result.trials):
         console.print(Text("mem? = predicted by the memory model; the size was not run", "dim"))
     for note in result.caveats:

@@ -19,11 +19,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-GAP = 2
-"""Cells between two columns of a ``SIMPLE_HEAD`` table with default padding and no edge."""
+GAP = 3
+"""Cells between two columns of a ``SIMPLE_HEAD`` table with default padding and no edge: a
+right pad, the (blank) column divider, a left pad."""
 
 LABEL_MIN = 12
 """Narrowest a wrapping label column is planned at (its longest word if shorter)."""
+
+LABEL_MAX = 40
+"""Widest a wrapping column is planned at: longer words (C++ kernel names) fold."""
 
 
 @dataclass
@@ -56,7 +60,7 @@ def _width(col: Col, cells: Sequence[Text]) -> int:
     longest = max((cell_len(line) for line in lines), default=0)
     if not col.wraps:
         return max(header, longest)
-    words = max((_longest_word(line) for line in lines), default=0)
+    words = min(max((_longest_word(line) for line in lines), default=0), LABEL_MAX)
     return max(header, words, min(longest, LABEL_MIN))
 
 
@@ -79,13 +83,34 @@ def _chunks(labels: list[int], values: list[int], widths: list[int], width: int)
     return chunks
 
 
+def _spread(
+    widths: list[int], columns: list[Col], keep: list[int], cells: list[list[Text]], width: int
+) -> list[int]:
+    """Room left in the line goes to wrapping columns whose text is longer than planned, in
+    column order, so a long name wraps less."""
+    out = list(widths)
+    room = width - sum(out) - GAP * max(0, len(out) - 1)
+    for n, (i, col) in enumerate(zip(keep, columns)):
+        if room <= 0:
+            break
+        if not col.wraps:
+            continue
+        longest = max(
+            (cell_len(line) for r in cells if i < len(r) for line in r[i].plain.splitlines()),
+            default=0,
+        )
+        extra = min(room, max(0, longest - out[n]))
+        out[n] += extra
+        room -= extra
+    return out
+
+
 def fitted_tables(
     columns: Sequence[Col],
     rows: Sequence[Sequence[str | Text]],
     width: int,
     *,
     labels: int = 1,
-    title: str | Text | None = None,
     header_style: str = "bold",
 ) -> list[Table]:
     """One table when it fits ``width``, else a table per run of columns that fits, each
@@ -94,32 +119,24 @@ def fitted_tables(
     widths = [_width(col, [r[i] for r in cells if i < len(r)]) for i, col in enumerate(columns)]
     label_idx = list(range(min(labels, len(columns))))
     value_idx = list(range(len(label_idx), len(columns)))
-    chunks = _chunks(label_idx, value_idx, widths, width)
     tables = []
-    for n, chunk in enumerate(chunks):
+    for chunk in _chunks(label_idx, value_idx, widths, width):
         keep = label_idx + chunk
-        head: str | Text | None = title
-        if n and title is not None:
-            head = Text.assemble(_text(title), " (continued)")
-        elif n:
-            head = Text("(continued)", style="dim")
+        planned = _spread([widths[i] for i in keep], [columns[i] for i in keep], keep, cells, width)
         table = Table(
-            box=box.SIMPLE_HEAD,
-            show_edge=False,
-            pad_edge=False,
-            title=head,
-            title_justify="left",
-            header_style=header_style,
+            box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style=header_style
         )
-        for i in keep:
+        for i, w in zip(keep, planned):
             col = columns[i]
+            # exactly the planned width: rich's own shrinking squeezes every column, numbers
+            # included; for a column that must not wrap this is its widest cell, so only the
+            # header wraps (rich's no_wrap would keep the header on one line too)
             table.add_column(
                 Text(col.header),
                 justify="right" if col.numeric else "left",
                 overflow="fold",
-                # at least the widest cell for columns that must not wrap, so only their header
-                # wraps (rich's no_wrap would keep the header on one line too)
-                min_width=widths[i],
+                min_width=w,
+                max_width=w,
             )
         for row in cells:
             table.add_row(*(row[i] if i < len(row) else Text("") for i in keep))
@@ -135,6 +152,15 @@ def print_fitted(
     labels: int = 1,
     title: str | Text | None = None,
 ) -> None:
-    """``fitted_tables`` at the console's width, printed."""
-    for table in fitted_tables(columns, rows, console.width, labels=labels, title=title):
+    """``fitted_tables`` at the console's width, printed; the title is a line of its own (a
+    table's title would wrap at the table's width), continuations say so."""
+    for n, table in enumerate(fitted_tables(columns, rows, console.width, labels=labels)):
+        if title is not None:
+            head = _text(title).copy()
+            head.stylize("bold")
+            if n:
+                head.append(" (continued)", style="dim")
+            console.print(head)
+        elif n:
+            console.print(Text("(continued)", style="dim"))
         console.print(table)

@@ -14,11 +14,11 @@ from typing import Any
 
 import msgspec
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from mgprof.analyze.trace_summary import JobTraceSummary, RankTraceSummary, TraceTotals
 from mgprof.report.safe_text import rich_text
+from mgprof.report.term_table import Col, print_fitted
 
 __all__ = ["JSON_SCHEMA_VERSION", "job_to_json", "jobs_to_json", "render_job"]
 
@@ -97,84 +97,96 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     console.rule(
         Text.assemble(("mgprof trace", "bold"), " ", rich_text(job.directory, highlight=True))
     )
-    table = Table(title="Trace-window totals (percent of window)", header_style="bold")
-    for col in (
-        "rank",
-        "kind",
-        "window ms",
-        "busy",
-        "idle",
-        "compute",
-        "comm",
-        "comm overlap",
-        "exposed comm",
-        "memcpy",
-        "data loader",
-    ):
-        table.add_column(col, justify="right" if col not in ("kind",) else "left")
-    for r in job.ranks:
-        table.add_row(*_totals_row(str(r.rank if r.rank is not None else "?"), r.kind, r.totals))
-    console.print(table)
-
-    coll = Table(title="Collectives", header_style="bold")
-    for col in (
-        "rank",
-        "type",
-        "count",
-        "total ms",
-        "exposed ms",
-        "MB",
-        "n",
-        "algbw GB/s",
-        "busbw GB/s",
-    ):
-        if col == "type":
-            coll.add_column(col, no_wrap=True, min_width=14)
-        else:
-            coll.add_column(col, justify="right")
-    for r in job.ranks:
-        for c in r.collectives:
-            coll.add_row(
-                str(r.rank),
-                rich_text(c.type),
-                str(c.count),
-                _fmt(c.total_us, "ms"),
-                _fmt(c.exposed_us, "ms"),
-                f"{c.bytes / 1e6:.1f}" if c.bytes is not None else "n/a",
-                str(c.group_size) if c.group_size is not None else "n/a",
-                f"{c.algbw_gbps:.2f}" if c.algbw_gbps is not None else "n/a",
-                f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "n/a",
+    totals_cols = [
+        Col("rank"),
+        Col("kind", numeric=False),
+        *(
+            Col(h)
+            for h in (
+                "window ms",
+                "busy",
+                "idle",
+                "compute",
+                "comm",
+                "comm overlap",
+                "exposed comm",
+                "memcpy",
+                "data loader",
             )
-    if coll.row_count:
-        console.print(coll)
+        ),
+    ]
+    totals = [
+        _totals_row(str(r.rank if r.rank is not None else "?"), r.kind, r.totals) for r in job.ranks
+    ]
+    print_fitted(
+        console, totals_cols, totals, labels=2, title="Trace-window totals (percent of window)"
+    )
+
+    coll_cols = [
+        Col("rank"),
+        Col("type", numeric=False, wrap=False),
+        *(
+            Col(h)
+            for h in ("count", "total ms", "exposed ms", "MB", "n", "algbw GB/s", "busbw GB/s")
+        ),
+    ]
+    coll_rows: list[list[str | Text]] = [
+        [
+            str(r.rank),
+            rich_text(c.type),
+            str(c.count),
+            _fmt(c.total_us, "ms"),
+            _fmt(c.exposed_us, "ms"),
+            f"{c.bytes / 1e6:.1f}" if c.bytes is not None else "n/a",
+            str(c.group_size) if c.group_size is not None else "n/a",
+            f"{c.algbw_gbps:.2f}" if c.algbw_gbps is not None else "n/a",
+            f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "n/a",
+        ]
+        for r in job.ranks
+        for c in r.collectives
+    ]
+    if coll_rows:
+        print_fitted(console, coll_cols, coll_rows, labels=2, title="Collectives")
     vs = [(r.rank, a) for r in job.ranks for a in (r.attainable or [])]
     if vs:
-        att = Table(title="Bus bandwidth against this machine's baseline", header_style="bold")
-        for col in ("rank", "type", "call MB", "busbw GB/s", "attainable", "% of attainable"):
-            att.add_column(col, justify="left" if col == "type" else "right")
-        for rank, a in vs:
-            att.add_row(
+        att_cols = [
+            Col("rank"),
+            Col("type", numeric=False, wrap=False),
+            *(Col(h) for h in ("call MB", "busbw GB/s", "attainable", "% of attainable")),
+        ]
+        att_rows: list[list[str | Text]] = [
+            [
                 str(rank),
                 rich_text(a.type + (" *" if a.note else "")),
                 f"{a.mean_call_bytes / 1e6:.2f}",
                 f"{a.busbw_gbps:.2f}",
                 f"{a.attainable_busbw_gbps:.2f}",
                 f"{a.pct_of_attainable:.0f} %",
-            )
-        console.print(att)
+            ]
+            for rank, a in vs
+        ]
+        print_fitted(
+            console,
+            att_cols,
+            att_rows,
+            labels=2,
+            title="Bus bandwidth against this machine's baseline",
+        )
         if any(a.note for _, a in vs):
             console.print("* message size outside the baseline's sizes: nearest size used")
 
     if job.cross_rank is not None:
         match_key = job.cross_rank.match_key
-        waits = Table(
-            title=rich_text(f"Cross-rank waiting (matched by {match_key})", "table.title")
+        wait_rows = [
+            [str(w.rank), _fmt(w.wait_us, "ms"), str(w.last_arrivals)]
+            for w in job.cross_rank.per_rank
+        ]
+        print_fitted(
+            console,
+            [Col("rank"), Col("wait ms"), Col("arrived last")],
+            wait_rows,
+            title=rich_text(f"Cross-rank waiting (matched by {match_key})", "table.title"),
         )
-        for col in ("rank", "wait ms", "arrived last"):
-            waits.add_column(col, justify="right")
-        for w in job.cross_rank.per_rank:
-            waits.add_row(str(w.rank), _fmt(w.wait_us, "ms"), str(w.last_arrivals))
-        console.print(waits)
         if job.slowest_rank is not None:
             console.print(
                 Text.assemble(
@@ -187,21 +199,30 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     for r in job.ranks:
         if not r.top_kernels:
             continue
-        kt = Table(title=f"Top kernels, rank {r.rank}", header_style="bold")
-        for col in ("kernel", "class", "calls", "total ms", "% of compute"):
-            if col == "kernel":
-                kt.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
-            else:
-                kt.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
-        for k in r.top_kernels[:top]:
-            kt.add_row(
-                rich_text(k.name),
-                rich_text(k.kind),
+        # the name last: it takes the room the figures leave and folds
+        kernel_rows: list[list[str | Text]] = [
+            [
                 str(k.count),
                 _fmt(k.total_us, "ms"),
                 _fmt(k.pct_of_compute),
-            )
-        console.print(kt)
+                rich_text(k.kind),
+                rich_text(k.name),
+            ]
+            for k in r.top_kernels[:top]
+        ]
+        print_fitted(
+            console,
+            [
+                Col("calls"),
+                Col("total ms"),
+                Col("% of compute"),
+                Col("class", numeric=False),
+                Col("kernel", numeric=False),
+            ],
+            kernel_rows,
+            labels=0,
+            title=f"Top kernels, rank {r.rank}",
+        )
 
     health = [
         f"rank {r.rank}: {note}"

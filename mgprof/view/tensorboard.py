@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -144,7 +145,18 @@ def start_tensorboard(
         stdin=subprocess.DEVNULL,
         stdout=sink,
         stderr=sink,
+        # its own process group: a Ctrl-C at the terminal reaches mgprof, which stops the
+        # server and reports; and the kernel stops it if mgprof itself is killed (SIGKILL)
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when mgprof ends, however it ends (Linux)."""
+    from mgprof.run.entry import parent_death_signal
+
+    parent_death_signal(signal.SIGTERM)
 
 
 def wait_until_serving(
