@@ -72,6 +72,22 @@ def test_every_format_to_stdout(
     elif fmt == "term":
         assert "Slowest rank" in out and "stale finding" not in out
         assert "identical" in out.lower()
+    elif fmt == "html":  # a page is not printed: it goes beside run.json, its path is printed
+        page = folder / "report.html"
+        assert out == f"wrote {page}\n"
+        assert page.read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_html_to_the_run_dir_replaces_only_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write_run(tmp_path / "run")
+    (folder / "report.html").write_text("old")
+    before = (folder / "run.json").read_bytes()
+    assert main(["report", str(folder / "run.json"), "--format", "html"]) == 0
+    assert (folder / "report.html").read_text() != "old"
+    assert (folder / "run.json").read_bytes() == before
+    assert "wrote" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(HAS_HTML, reason="mgprof.report.html exists: html is a real format")

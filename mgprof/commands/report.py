@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
         from mgprof.report.run_terminal import render_run
 
-        render_run(run_record, analysis, Console(), definitions=args.definitions)
+        render_run(run_record, analysis, Console(), definitions=getattr(args, "definitions", False))
         return 0
     text = _text_renderers()[args.format](run_record, analysis)
     code = _emit(text, out)
