@@ -116,7 +116,10 @@ def test_terminal_has_every_section_and_na_with_reason(tmp_path: Path) -> None:
         assert title in out
     assert "n/a [" in out
     # The reason behind an n/a is printed, not only the marker.
-    assert "CPU device: no peak FLOP/s" in out
+    assert "CPU %" in out and "no sampler ran on this rank" in out
+    # a CPU run: GPU-only figures are one line, not columns of n/a
+    assert "Energy: not measured on a CPU run" in out
+    assert "NVML utilisation, TFLOP/s and MFU are GPU figures" in out
     assert "no findings" in out
     assert "CPU fallback" not in out
     assert "[bold]x[/bold]" in out  # markup in a kernel name prints literally
@@ -194,7 +197,13 @@ def _cells(row: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("raw", "escaped"),
-    [("a|b", "a\\|b"), ("<b>&", "&lt;b&gt;&amp;"), ("x\ny", "x y"), ("_init_", "\\_init\\_")],
+    [
+        ("a|b", "a\\|b"),
+        ("<b>&", "&lt;b&gt;&"),
+        ("&amp; &#60;", "&amp;amp; &amp;#60;"),
+        ("x\ny", "x y"),
+        ("_init_", "\\_init\\_"),
+    ],
 )
 def test_escape_md(raw: str, escaped: str) -> None:
     assert escape_md(raw) == escaped

@@ -61,6 +61,12 @@ def step_time_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
+def _no_cpu_load(rank: Mapping[str, Any]) -> str:
+    if rank.get("sampler") == "none":
+        return "no sampler ran on this rank (sampling was off or failed)"
+    return "the CPU sampler recorded no load for this rank"
+
+
 def _cpu_utilisation_section(analysis: Mapping[str, Any]) -> Section:
     """CPU run: trace busy and the CPU sampler's load; the GPU columns would all be n/a."""
     sec = Section("Utilisation")
@@ -77,7 +83,9 @@ def _cpu_utilisation_section(analysis: Mapping[str, Any]) -> Section:
                 str(rank.get("rank")),
                 label,
                 c.get(rank.get("trace_busy_pct"), one, "trace_busy_pct"),
-                c.get(cpu, one, "cpu_pct", label="CPU %"),
+                c.get(cpu, one, "cpu_pct", label="CPU %")
+                if cpu is not None
+                else notes.mark("CPU %", _no_cpu_load(rank), who_of(rank)),
             ]
         )
     sec.tables.append(table)
@@ -164,8 +172,20 @@ def energy_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
+def _no_communication(analysis: Mapping[str, Any]) -> bool:
+    """One process whose trace holds no communication at all."""
+    ranks = _ranks(analysis)
+    if len(ranks) != 1:
+        return False
+    comm = _dict(ranks[0].get("comm"))
+    return bool(comm) and not _num(comm.get("comm_us")) and not comm.get("collectives")
+
+
 def communication_section(analysis: Mapping[str, Any]) -> Section:
     sec = Section("Communication")
+    if _no_communication(analysis):
+        sec.brief = "none in the trace (one process, no collective)"
+        return sec
     notes = Footnotes()
     table = Table(
         [
@@ -287,8 +307,10 @@ def memory_section(analysis: Mapping[str, Any]) -> Section:
                 c.get(mem.get("peak_rss_mib"), zero, "peak_rss_mib"),
             ]
         )
-        # DataParallel: one row per device, to show rank-0 (device 0) imbalance.
-        for dev, peaks in sorted(_dict(mem.get("per_device")).items()):
+        # DataParallel: one row per device, to show rank-0 (device 0) imbalance (one device
+        # would only repeat the rank's row)
+        per_device = _dict(mem.get("per_device"))
+        for dev, peaks in sorted(per_device.items()) if len(per_device) > 1 else []:
             p = _dict(peaks)
             cells = []
             for key, fmt in _PER_DEVICE_MEMORY:
@@ -328,6 +350,9 @@ def data_loading_section(analysis: Mapping[str, Any]) -> Section:
 
 def slowest_section(analysis: Mapping[str, Any]) -> Section:
     sec = Section("Slowest rank")
+    if len(_ranks(analysis)) < 2:
+        sec.brief = "one rank: nothing to compare across ranks"
+        return sec
     notes = Footnotes()
     job = job_of(analysis)
     c = Cells(notes, job, "")
@@ -395,7 +420,9 @@ def _kernel_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def top_kernels_section(analysis: Mapping[str, Any]) -> Section | None:
     traces = _dict(_dict(analysis.get("traces")).get("ranks"))
-    table = Table(["rank", "kernel", "count", "total ms", "% of compute"], numeric_from=2)
+    table = Table(
+        ["rank", "count", "total ms", "% of compute", "kernel"], numeric_from=1, text_last=True
+    )
     for rank_key in sorted(traces, key=lambda k: (len(k), k)):
         summaries = traces[rank_key]
         if not isinstance(summaries, list):
@@ -409,10 +436,10 @@ def top_kernels_section(analysis: Mapping[str, Any]) -> Section | None:
                 table.rows.append(
                     [
                         rank_key,
-                        str(k.get("name", "?")),
                         str(k.get("count", "-")),
                         ms_from_us(total) if total is not None else "-",
                         f"{pct:.1f}" if pct is not None else "-",
+                        str(k.get("name", "?")),
                     ]
                 )
     if not table.rows:

@@ -28,7 +28,7 @@ def _table(table: Table) -> list[str]:
     lines = [
         "| " + " | ".join(escape_md(c) for c in table.columns) + " |",
         "|"
-        + "|".join("---" if i < table.numeric_from else "---:" for i in range(len(table.columns)))
+        + "|".join("---" if table.is_text(i) else "---:" for i in range(len(table.columns)))
         + "|",
     ]
     lines.extend("| " + " | ".join(escape_md(c) for c in row) + " |" for row in table.rows)

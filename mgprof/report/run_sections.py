@@ -28,6 +28,7 @@ from mgprof.report.run_figures import (
     top_kernels_section,
     utilisation_section,
 )
+from mgprof.report.run_idle import idle_section
 from mgprof.report.run_regions import regions_section
 from mgprof.report.run_setup import setup_section
 from mgprof.report.section_model import Section, Table
@@ -36,23 +37,22 @@ __all__ = ["TOP_KERNELS", "Section", "Table", "build_sections", "definitions"]
 
 
 def build_sections(run: RunRecord, analysis: Mapping[str, Any]) -> list[Section]:
-    """Every section of the run report, in reading order (no region drops Regions, a missing
-    trace drops Top kernels)."""
-    sections = [setup_section(run, analysis), step_time_section(analysis)]
-    regions = regions_section(analysis)
-    if regions is not None:
-        sections.append(regions)
-    sections += [
+    """Every section of the run report, in reading order; Regions, GPU idle and Top kernels
+    only when the run has what they show (regions, GPU traces)."""
+    optional: list[Section | None] = [
+        setup_section(run, analysis),
+        step_time_section(analysis),
+        regions_section(analysis),
         utilisation_section(analysis),
+        idle_section(analysis),
         energy_section(analysis),
         communication_section(analysis),
         memory_section(analysis),
         data_loading_section(analysis),
         slowest_section(analysis),
+        top_kernels_section(analysis),
     ]
-    kernels = top_kernels_section(analysis)
-    if kernels is not None:
-        sections.append(kernels)
+    sections = [s for s in optional if s is not None]
     sections.append(findings_section(analysis))
     return sections
 

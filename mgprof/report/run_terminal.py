@@ -42,9 +42,7 @@ def _facts(facts: list[tuple[str, str]], console: Console) -> None:
 def _table(table: Table, console: Console) -> None:
     """The table at the console's width: numbers whole, columns that do not fit continued in a
     second table (``term_table``)."""
-    columns = [
-        Col(printable(c), numeric=i >= table.numeric_from) for i, c in enumerate(table.columns)
-    ]
+    columns = [Col(printable(c), numeric=not table.is_text(i)) for i, c in enumerate(table.columns)]
     rows = [[_cell(c) for c in row] for row in table.rows]
     print_fitted(console, columns, rows, labels=min(table.numeric_from, len(columns)))
 

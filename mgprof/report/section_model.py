@@ -28,6 +28,12 @@ class Table:
     rows: list[list[str]] = field(default_factory=list)
     numeric_from: int = 1
     """Columns from this index on hold numbers (right-aligned); before it, labels."""
+    text_last: bool = False
+    """The last column is text (a kernel name): left-aligned and wrapping, after the numbers,
+    so a long name takes the room the figures leave instead of pushing them apart."""
+
+    def is_text(self, i: int) -> bool:
+        return i < self.numeric_from or (self.text_last and i == len(self.columns) - 1)
 
 
 @dataclass

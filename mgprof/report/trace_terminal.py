@@ -122,6 +122,38 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
         console, totals_cols, totals, labels=2, title="Trace-window totals (percent of window)"
     )
 
+    idle_rows: list[list[str | Text]] = [
+        [
+            str(r.rank),
+            _fmt(r.idle.host_wait_us, "ms"),
+            _fmt(r.idle.kernel_wait_us, "ms"),
+            _fmt(r.idle.other_us, "ms"),
+            _fmt(r.launch_delay.p50_us, "ms") if r.launch_delay is not None else "n/a",
+            _fmt(r.launch_delay.p95_us, "ms") if r.launch_delay is not None else "n/a",
+        ]
+        for r in job.ranks
+        if r.idle is not None
+    ]
+    if idle_rows:
+        print_fitted(
+            console,
+            [
+                Col("rank"),
+                *(
+                    Col(h)
+                    for h in (
+                        "host wait ms",
+                        "kernel wait ms",
+                        "other ms",
+                        "launch delay p50 ms",
+                        "launch delay p95 ms",
+                    )
+                ),
+            ],
+            idle_rows,
+            title="GPU idle by cause (summed over streams) and launch delay",
+        )
+
     coll_cols = [
         Col("rank"),
         Col("type", numeric=False, wrap=False),
