@@ -404,8 +404,10 @@ def test_report_cli_every_format_prints_data_as_text(
         assert_inert(out)
         assert "<script" not in out and "</script" not in out and "a\\|b" in out
         assert "## Top kernels" in out
-    else:
-        assert_html_safe(out)
+    else:  # the page goes beside run.json; the printed path is text
+        assert_inert(out)
+        assert escaped(str(folder / "report.html")) in out
+        assert_html_safe((folder / "report.html").read_text())
 
 
 # --------------------------------------------------------------------------------------------
@@ -527,7 +529,7 @@ def test_end_of_run_paths_are_text(
     print_report(run, analysis, run_dir, "term")
     text = assert_inert(capsys.readouterr().out, colour=True)
     assert escaped(f"run directory: {run_dir}") in text
-    assert escaped(f"re-render: mgprof report {run_dir}") in text
+    assert escaped(f"re-render:   mgprof report {run_dir}") in text
 
 
 def test_summary_lines_escape_path_error_and_title(tmp_path: Path) -> None:

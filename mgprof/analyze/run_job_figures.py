@@ -115,18 +115,35 @@ def _job_slowest(
         job.not_applicable["step_time_spread_pct"] = why
         return
     slow_ms, slow_rank = max(timed)
-    fast_ms, fast_rank = min(timed)
-    job.slowest_rank, job.slowest_mean_step_ms = slow_rank, slow_ms
     job.slowest_rank_basis = "highest mean step time"
     last = (trace_job or {}).get("slowest_rank")
-    mean_of = dict((rank, ms) for ms, rank in timed)
+    mean_of = {rank: ms for ms, rank in timed}
     if isinstance(last, int) and last in mean_of:
-        job.slowest_rank, job.slowest_mean_step_ms = last, mean_of[last]
+        slow_ms, slow_rank = mean_of[last], last
         job.slowest_rank_basis = "last to arrive at collectives (traces)"
-    job.fastest_rank, job.fastest_mean_step_ms = fast_rank, fast_ms
+    job.slowest_rank, job.slowest_mean_step_ms = slow_rank, slow_ms
+    _job_fastest(timed, slow_rank, slow_ms, job)
     job.step_time_spread_pct = spread_pct([t for t, _ in timed])
     if job.step_time_spread_pct is None:
         job.not_applicable["step_time_spread_pct"] = "the fastest rank's mean step time is zero"
+
+
+def _job_fastest(
+    timed: Sequence[tuple[float, int]], slow_rank: int, slow_ms: float, job: JobAnalysis
+) -> None:
+    """The fastest rank: the lowest mean steady-state step time among the other ranks, never
+    the slowest rank itself. When the slowest rank (by collectives) has the lowest mean step,
+    the two bases disagree and no rank is named fastest: a "fastest" rank with a longer mean
+    step than the slowest would contradict itself."""
+    fast_ms, fast_rank = min((ms, rank) for ms, rank in timed if rank != slow_rank)
+    if fast_ms > slow_ms:
+        job.not_applicable["fastest_rank"] = (
+            f"rank {slow_rank}, last to arrive at collectives, also has the lowest mean step "
+            f"time ({slow_ms:,.2f} ms): the collectives and the step times disagree, so no "
+            "other rank is faster"
+        )
+        return
+    job.fastest_rank, job.fastest_mean_step_ms = fast_rank, fast_ms
 
 
 def _job_identical_batches(run: RunRecord, job: JobAnalysis) -> None:

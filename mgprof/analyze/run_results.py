@@ -72,6 +72,11 @@ DEFINITIONS: dict[str, str] = {
     "collective calls (ties: least total wait); without matched collectives, the rank with the "
     "highest mean steady-state step time; slowest_rank_basis says which (mgprof trace uses the "
     "same definition, collectives only)",
+    "fastest_rank": (
+        "the rank with the lowest mean steady-state step time among the ranks other than the "
+        "slowest; n/a when that is longer than the slowest rank's (collectives and step times "
+        "disagree on who is slow)"
+    ),
     "step_time_spread_pct": (
         "100 * (highest - lowest) / lowest of the ranks' mean steady-state step times"
     ),

@@ -371,6 +371,8 @@ def slowest_section(analysis: Mapping[str, Any]) -> Section:
         fast_ms = _num(job.get("fastest_mean_step_ms"))
         if isinstance(fast, int) and fast_ms is not None:
             sec.facts.append(("fastest rank", f"{fast} (mean step {two(fast_ms)} ms)"))
+        else:
+            sec.facts.append(("fastest rank", c.get(None, two, "fastest_rank")))
     else:
         sec.facts.append(("slowest rank", c.get(None, two, "slowest_rank")))
     spread = _num(job.get("step_time_spread_pct"))

@@ -3,10 +3,12 @@
 Each rule is a small function ``(run, figures) -> Finding | None`` over the ``RunRecord`` and the
 dict ``analyze_run`` returns. A rule fires only on figures that were measured: a missing or None
 figure means "do not know", never "looks bad", so a CPU run or a run without traces gets no GPU
-advice. The rules live in one module per family (``strategy``, ``data``, ``compute``, ``memory``),
-each with its thresholds as named constants and the reason for their values; ``core`` holds the
-``Finding`` type and the shared readers. This module fixes the order the rules run in and
-evaluates them. The rule list and the advice are documented in ``docs/findings.md``.
+advice. The rules live in one module per family (``strategy``, ``straggler``, ``data``,
+``compute``, ``memory``), each with its thresholds as named constants and the reason for their
+values; ``core`` holds the ``Finding`` type and the shared readers, ``fit`` what advice may assume
+about the device and the machine (CPU or GPU, cores per rank, DDP buckets, gradient sync). This
+module fixes the order the rules run in and evaluates them. The rule list and the advice are
+documented in ``docs/findings.md``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from mgprof.analyze.findings.compute import LOW_UTIL_PCT as LOW_UTIL_PCT
 from mgprof.analyze.findings.compute import THROTTLE_REASON_BITS as THROTTLE_REASON_BITS
 from mgprof.analyze.findings.compute import VERY_LOW_UTIL_PCT as VERY_LOW_UTIL_PCT
 from mgprof.analyze.findings.compute import clock_throttling, fp32_gemms, low_utilisation
-from mgprof.analyze.findings.core import SEVERITY_ORDER, Finding, Rule
+from mgprof.analyze.findings.core import SEVERITY_ORDER, Finding, Rule, sort_key
 from mgprof.analyze.findings.core import Severity as Severity
 from mgprof.analyze.findings.data import DATALOADER_HIGH_PCT as DATALOADER_HIGH_PCT
 from mgprof.analyze.findings.data import DATALOADER_SHARE_PCT as DATALOADER_SHARE_PCT
@@ -31,15 +33,17 @@ from mgprof.analyze.findings.memory import HEADROOM_CRITICAL_PCT as HEADROOM_CRI
 from mgprof.analyze.findings.memory import HEADROOM_HIGH_PCT as HEADROOM_HIGH_PCT
 from mgprof.analyze.findings.memory import HEADROOM_LOW_PCT as HEADROOM_LOW_PCT
 from mgprof.analyze.findings.memory import memory_headroom, memory_near_limit
+from mgprof.analyze.findings.straggler import MIN_STEPS_COMPARED as MIN_STEPS_COMPARED
+from mgprof.analyze.findings.straggler import SLOWEST_STEPS_PCT as SLOWEST_STEPS_PCT
+from mgprof.analyze.findings.straggler import SPREAD_HIGH_PCT as SPREAD_HIGH_PCT
+from mgprof.analyze.findings.straggler import SPREAD_PCT as SPREAD_PCT
+from mgprof.analyze.findings.straggler import rank_imbalance
 from mgprof.analyze.findings.strategy import EXPOSED_COMM_HIGH_PCT as EXPOSED_COMM_HIGH_PCT
 from mgprof.analyze.findings.strategy import EXPOSED_COMM_PCT as EXPOSED_COMM_PCT
-from mgprof.analyze.findings.strategy import SPREAD_HIGH_PCT as SPREAD_HIGH_PCT
-from mgprof.analyze.findings.strategy import SPREAD_PCT as SPREAD_PCT
 from mgprof.analyze.findings.strategy import (
     dataparallel_in_use,
     exposed_communication,
     find_unused_parameters,
-    rank_imbalance,
 )
 from mgprof.records import RunRecord
 
@@ -64,11 +68,12 @@ RULES: tuple[Rule, ...] = (
     find_unused_parameters,
     memory_headroom,
 )
-"""Every rule, in the order equal-severity findings are reported."""
+"""Every rule, in the order they are evaluated (the report orders findings by severity, then id)."""
 
 
 def evaluate_findings(run: RunRecord, analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every finding that fires, as JSON-ready dicts, most severe first.
+    """Every finding that fires, as JSON-ready dicts: most severe first, then by id, so two
+    evaluations of the same run give the same list in the same order.
 
     A rule that raises on malformed figures is skipped: findings are advice, and one bad figure
     in a run.json must not hide the report or the other findings.
@@ -81,5 +86,5 @@ def evaluate_findings(run: RunRecord, analysis: Mapping[str, Any]) -> list[dict[
             continue
         if finding is not None:
             found.append(finding)
-    found.sort(key=lambda f: SEVERITY_ORDER[f.severity])
+    found.sort(key=sort_key)
     return [msgspec.to_builtins(f) for f in found]

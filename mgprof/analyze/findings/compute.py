@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mgprof.analyze.findings.core import Finding, _cuda_ranks, _trace_summaries
+from mgprof.analyze.findings.core import Finding, _cuda_ranks, _trace_summaries, finding_id
+from mgprof.analyze.findings.fit import uses_gpu
 from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
 from mgprof.analyze.readers import rank_dicts as _ranks
@@ -46,6 +47,8 @@ drop by half and the cause is physical (cooling, power supply), not a setting.""
 
 def low_utilisation(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
     """GPUs idle much of the time (NVML utilisation, or trace busy on GPU traces)."""
+    if not uses_gpu(run):
+        return None
     cuda = {r.rank for r in _cuda_ranks(run)}
     low: list[tuple[float, int, str]] = []
     for rank in _ranks(figures):
@@ -67,8 +70,11 @@ def low_utilisation(run: RunRecord, figures: Mapping[str, Any]) -> Finding | Non
     listed = ", ".join(
         f"rank {r} {v:.1f} % ({src})" for v, r, src in sorted(low, key=lambda x: x[1])
     )
-    evidence = f"GPU utilisation below {LOW_UTIL_PCT:.0f} %: {listed}"
+    evidence = (
+        f"GPU utilisation below {LOW_UTIL_PCT:.0f} % (high < {VERY_LOW_UTIL_PCT:.0f} %): {listed}"
+    )
     return Finding(
+        id=finding_id("low_utilisation"),
         rule="low_utilisation",
         severity="high" if worst < VERY_LOW_UTIL_PCT else "medium",
         title="GPUs are idle for much of the step",
@@ -83,8 +89,21 @@ def low_utilisation(run: RunRecord, figures: Mapping[str, Any]) -> Finding | Non
             "`DataLoader(num_workers=..., pin_memory=True)`; fuse small kernels with "
             "`model = torch.compile(model)` (CUDA graphs: `mode='reduce-overhead'`)"
         ),
+        fix=[
+            "DataLoader(num_workers=..., pin_memory=True)",
+            "torch.compile(model)",
+            'torch.compile(model, mode="reduce-overhead")',
+        ],
         saving=f"up to {100.0 - worst:.1f} % of step time is GPU idle time on rank {worst_rank}",
-        figures={"lowest_util_pct": worst, "rank": worst_rank, "source": what},
+        figures={
+            "lowest_util_pct": worst,
+            "rank": worst_rank,
+            "source": what,
+            "util_pct_by_rank": {str(r): v for v, r, _ in sorted(low, key=lambda x: x[1])},
+            "idle_pct": 100.0 - worst,
+            "threshold_util_pct": LOW_UTIL_PCT,
+            "threshold_high_util_pct": VERY_LOW_UTIL_PCT,
+        },
     )
 
 
@@ -115,9 +134,11 @@ def _tensor_core_facts(figures: Mapping[str, Any], rank: int) -> tuple[float, fl
 
 def fp32_gemms(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
     """Matrix multiplies in FP32 on a GPU that has tensor cores, and no autocast in sight."""
+    if not uses_gpu(run):
+        return None
     if any(r.training.autocast_used for r in run.ranks):
         return None
-    for rec in _cuda_ranks(run):
+    for rec in sorted(_cuda_ranks(run), key=lambda r: r.rank):
         facts = _tensor_core_facts(figures, rec.rank)
         if facts is None:
             continue
@@ -136,7 +157,12 @@ def fp32_gemms(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
         if not bf16:
             change += " with `torch.amp.GradScaler()` for the backward"
         change += "; or at least `torch.backends.cuda.matmul.allow_tf32 = True` (Ampere+)"
+        fix = [f'torch.autocast("cuda", dtype={dtype})']
+        if not bf16:
+            fix.append("torch.amp.GradScaler()")
+        fix.append("torch.backends.cuda.matmul.allow_tf32 = True")
         return Finding(
+            id=finding_id("fp32_gemm"),
             rule="fp32_gemm",
             severity="medium",
             title="Matrix multiplies run in FP32, not on tensor cores",
@@ -149,11 +175,18 @@ def fp32_gemms(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
                 "tensor cores only take bf16/fp16 (or TF32 when enabled)."
             ),
             change=change,
+            fix=fix,
             saving=(
                 f"most of the {fp32_us / 1000.0:,.2f} ms of FP32 GEMM time per trace: tensor-core "
                 "GEMMs reach 8-16x the FP32 peak"
             ),
-            figures={"rank": rec.rank, "fp32_gemm_pct": pct, "fp32_gemm_us": fp32_us},
+            figures={
+                "rank": rec.rank,
+                "fp32_gemm_pct": pct,
+                "fp32_gemm_ms": fp32_us / 1000.0,
+                "fp32_gemm_kernels": kernels,
+                "threshold_fp32_gemm_pct": FP32_GEMM_PCT,
+            },
         )
     return None
 
@@ -167,10 +200,12 @@ def _capability(text: str) -> float:
 
 def clock_throttling(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
     """NVML reported power or thermal clock reductions while the GPU was working."""
+    if not uses_gpu(run):
+        return None
     hits: list[str] = []
     reasons_all: set[str] = set()
     figs: dict[str, Any] = {}
-    for rec in run.ranks:
+    for rec in sorted(run.ranks, key=lambda r: r.rank):
         if rec.sampler.kind != "nvml":
             continue
         for dev in rec.sampler.devices:
@@ -181,12 +216,14 @@ def clock_throttling(run: RunRecord, figures: Mapping[str, Any]) -> Finding | No
             if not reasons:
                 continue
             reasons_all.update(reasons)
-            hits.append(_throttle_text(rec.rank, dev, reasons))
-            figs[f"rank {rec.rank} {dev.device}"] = reasons
+            device_figs: dict[str, Any] = {"reasons": reasons}
+            hits.append(_throttle_text(rec.rank, dev, reasons, device_figs))
+            figs[f"rank {rec.rank} {dev.device}"] = device_figs
     if not hits:
         return None
     hardware = bool(reasons_all & HARDWARE_THROTTLE)
     return Finding(
+        id=finding_id("clock_throttling"),
         rule="clock_throttling",
         severity="high" if hardware else "medium",
         title="GPU clocks were throttled (power or temperature)",
@@ -200,13 +237,14 @@ def clock_throttling(run: RunRecord, figures: Mapping[str, Any]) -> Finding | No
             "PERFORMANCE,TEMPERATURE,POWER`; restore the default limit with `nvidia-smi -pl "
             "<watts>` if it was lowered"
         ),
+        fix=["nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER", "nvidia-smi -pl <watts>"],
         saving=None,
-        figures={"reasons": figs},
+        figures={"devices": figs},
     )
 
 
-def _throttle_text(rank: int, dev: Any, reasons: list[str]) -> str:
-    """Reasons plus the measured clock, temperature and power behind them."""
+def _throttle_text(rank: int, dev: Any, reasons: list[str], figs: dict[str, Any]) -> str:
+    """Reasons plus the measured clock, temperature and power behind them (also into ``figs``)."""
     text = f"rank {rank} {dev.device}: {', '.join(reasons)}"
     masks = [int(m) for m in dev.columns.get("clock_event_reasons", []) if m is not None]
     bits = 0
@@ -215,15 +253,20 @@ def _throttle_text(rank: int, dev: Any, reasons: list[str]) -> str:
     if masks:
         hit = sum(1 for m in masks if m & bits)
         text += f" in {hit}/{len(masks)} samples"
+        figs["samples_throttled"], figs["samples"] = hit, len(masks)
     clock = _num(dev.summary.get("sm_clock_mhz_mean"))
     max_clock = _num(dev.facts.get("max_sm_clock_mhz"))
     if clock is not None and max_clock:
         text += f"; SM clock mean {clock:,.0f} MHz of {max_clock:,.0f} MHz max"
         text += f" ({100.0 * clock / max_clock:.0f} %)"
+        figs["sm_clock_mhz_mean"], figs["max_sm_clock_mhz"] = clock, max_clock
+        figs["sm_clock_pct_of_max"] = 100.0 * clock / max_clock
     temp = _num(dev.summary.get("temperature_c_max"))
     if temp is not None:
         text += f"; temperature max {temp:.0f} °C"
+        figs["temperature_c_max"] = temp
     power, limit = _num(dev.summary.get("power_w_mean")), _num(dev.facts.get("power_limit_w"))
     if power is not None and limit:
         text += f"; power mean {power:,.0f} W of {limit:,.0f} W limit"
+        figs["power_w_mean"], figs["power_limit_w"] = power, limit
     return text

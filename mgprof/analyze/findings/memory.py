@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mgprof.analyze.findings.core import Finding, _cuda_ranks
+from mgprof.analyze.findings.core import Finding, _cuda_ranks, finding_id
+from mgprof.analyze.findings.fit import uses_gpu
 from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
 from mgprof.analyze.readers import rank_dicts as _ranks
@@ -26,33 +27,41 @@ HEADROOM_HIGH_PCT = 50.0
 # Rules
 
 
-def _memory_rows(figures: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _memory_rows(run: RunRecord, figures: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(label, memory figures) per CUDA device: each DataParallel device counts on its own."""
     rows: list[tuple[str, dict[str, Any]]] = []
+    if not uses_gpu(run):
+        return rows
     for rank in _ranks(figures):
         mem = _dict(rank.get("memory"))
         if mem.get("kind") != "cuda":
             continue
         per_device = _dict(mem.get("per_device"))
         if per_device:
-            rows.extend((f"rank {rank.get('rank')} {k}", _dict(v)) for k, v in per_device.items())
+            rows.extend(
+                (f"rank {rank.get('rank')} {k}", _dict(v)) for k, v in sorted(per_device.items())
+            )
         else:
             rows.append((f"rank {rank.get('rank')} {rank.get('device', '')}".strip(), mem))
     return [(label, m) for label, m in rows if _num(m.get("headroom_pct")) is not None]
 
 
-def _mem_text(label: str, mem: Mapping[str, Any]) -> str:
+def _mem_text(label: str, mem: Mapping[str, Any], figs: dict[str, Any]) -> str:
+    """One device's headroom as text; its numbers go into ``figs[label]``."""
     reserved, total = _num(mem.get("peak_reserved_mib")), _num(mem.get("total_mib"))
     pct = _num(mem.get("headroom_pct")) or 0.0
     text = f"{label}: {pct:.1f} % free"
+    dev: dict[str, Any] = {"headroom_pct": pct}
     if reserved is not None and total is not None:
         text += f" (peak reserved {reserved:,.0f} MiB of {total:,.0f} MiB)"
+        dev["peak_reserved_mib"], dev["total_mib"] = reserved, total
+    figs.setdefault("devices", {})[label] = dev
     return text
 
 
 def memory_near_limit(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
     """Peak reserved memory close to the device total: the next longer input may OOM."""
-    rows = _memory_rows(figures)
+    rows = _memory_rows(run, figures)
     tight = [
         (label, m) for label, m in rows if (_num(m.get("headroom_pct")) or 0) < HEADROOM_LOW_PCT
     ]
@@ -60,11 +69,20 @@ def memory_near_limit(run: RunRecord, figures: Mapping[str, Any]) -> Finding | N
         return None
     label, mem = min(tight, key=lambda r: _num(r[1].get("headroom_pct")) or 0.0)
     pct = _num(mem.get("headroom_pct")) or 0.0
+    figs: dict[str, Any] = {
+        "device": label,
+        "headroom_pct": pct,
+        "threshold_headroom_pct": HEADROOM_LOW_PCT,
+        "threshold_high_headroom_pct": HEADROOM_CRITICAL_PCT,
+    }
+    evidence = "; ".join(_mem_text(lbl, m, figs) for lbl, m in tight)
+    evidence += f" (fires < {HEADROOM_LOW_PCT:.0f} % free, high < {HEADROOM_CRITICAL_PCT:.0f} %)"
     return Finding(
+        id=finding_id("memory_near_limit"),
         rule="memory_near_limit",
         severity="high" if pct < HEADROOM_CRITICAL_PCT else "medium",
         title="Device memory is nearly full",
-        evidence="; ".join(_mem_text(lbl, m) for lbl, m in tight),
+        evidence=evidence,
         cause=(
             "activations of the batch, parameters, gradients and optimizer state fill the "
             "device; fragmentation or a longer input can then fail with CUDA out of memory."
@@ -75,13 +93,18 @@ def memory_near_limit(run: RunRecord, figures: Mapping[str, Any]) -> Finding | N
             '`torch.autocast("cuda", dtype=torch.bfloat16)`, or set '
             "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` against fragmentation"
         ),
-        figures={"device": label, "headroom_pct": pct},
+        fix=[
+            "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
+            'torch.autocast("cuda", dtype=torch.bfloat16)',
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        ],
+        figures=figs,
     )
 
 
 def memory_headroom(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
     """Most of every device unused: room for a larger batch, which usually raises throughput."""
-    rows = _memory_rows(figures)
+    rows = _memory_rows(run, figures)
     if not rows or len(rows) < len(_cuda_ranks(run)):
         return None  # one unmeasured device might be the full one
     if min(_num(m.get("headroom_pct")) or 0.0 for _, m in rows) <= HEADROOM_HIGH_PCT:
@@ -93,25 +116,49 @@ def memory_headroom(run: RunRecord, figures: Mapping[str, Any]) -> Finding | Non
     if batch is not None:
         change = f"raise the per-GPU batch size above {batch} (scale the learning rate with it)"
     change += "; find the throughput sweet spot with `mgprof sweep`"
+    figs: dict[str, Any] = {
+        "device": label,
+        "headroom_pct": _num(mem.get("headroom_pct")),
+        "batch_size": batch,
+        "threshold_headroom_pct": HEADROOM_HIGH_PCT,
+    }
     saving = None
     if reserved and total and batch:
         # Upper bound: parameters and optimizer state do not grow with the batch.
+        figs["batch_size_bound"] = int(batch * 0.9 * total / reserved)
         saving = (
-            f"memory allows up to about {int(batch * 0.9 * total / reserved)} samples per GPU "
+            f"memory allows up to about {figs['batch_size_bound']} samples per GPU "
             "(upper bound; throughput gain depends on utilisation, measure with mgprof sweep)"
         )
+    evidence = "least free device: " + _mem_text(label, mem, figs)
+    evidence += f" (fires when every device has > {HEADROOM_HIGH_PCT:.0f} % free)"
     return Finding(
+        id=finding_id("memory_headroom"),
         rule="memory_headroom",
         severity="low",
         title="Most of the device memory is unused",
-        evidence="least free device: " + _mem_text(label, mem),
+        evidence=evidence,
         cause="the batch (or model) uses a small part of the device's memory.",
         change=change,
+        fix=_headroom_fix(run, batch, figs.get("batch_size_bound")),
         saving=saving,
-        figures={"device": label, "headroom_pct": _num(mem.get("headroom_pct")), "batch": batch},
+        figures=figs,
     )
 
 
 def _batch_size(run: RunRecord) -> int | None:
     sizes = [s.batch_size for r in run.ranks for s in r.steps if s.batch_size is not None]
     return max(set(sizes), key=sizes.count) if sizes else None
+
+
+def _headroom_fix(run: RunRecord, batch: int | None, bound: int | None) -> list[str]:
+    """The sweep command over the range memory allows, and the batch to try first."""
+    per_node = run.world_size // max(run.nnodes, 1)
+    gpus = max([per_node, 1, *(r.devices_used for r in run.ranks)])
+    fix = []
+    if batch is not None:
+        fix.append(f"DataLoader(batch_size={batch * 2})")
+    sweep = f"mgprof sweep script.py --gpus {gpus}"
+    if batch is not None and bound is not None and bound > batch:
+        sweep += f" --range {batch}:{bound}"
+    return [*fix, sweep]
