@@ -457,7 +457,7 @@ def findings_section(analysis: Mapping[str, Any]) -> Section:
     sec.findings = [
         {
             k: str(f.get(k) or "")
-            for k in ("severity", "title", "evidence", "cause", "change", "saving")
+            for k in ("id", "severity", "title", "evidence", "cause", "change", "saving")
         }
         for f in (raw if isinstance(raw, list) else [])
         if isinstance(f, dict)

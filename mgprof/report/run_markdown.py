@@ -15,7 +15,7 @@ from typing import Any
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run_sections import Section, Table, build_sections, definitions
-from mgprof.report.safe_text import md_text, printable
+from mgprof.report.safe_text import md_code, md_text, printable
 
 
 def escape_md(text: str) -> str:
@@ -48,7 +48,10 @@ def _section(section: Section) -> list[str]:
     for table in section.tables:
         lines += [*_table(table), ""]
     for f in section.findings:
-        lines.append(f"- **{escape_md(f.get('severity', ''))}** {escape_md(f.get('title', ''))}")
+        ident = f" ({md_code(f['id'])})" if f.get("id") else ""
+        lines.append(
+            f"- **{escape_md(f.get('severity', ''))}** {escape_md(f.get('title', ''))}{ident}"
+        )
         if f.get("evidence"):
             lines.append(f"  - evidence: {escape_md(f['evidence'])}")
         if f.get("cause"):
