@@ -36,13 +36,19 @@ from mgprof.analyze.trace_load import (
 )
 
 __all__ = [
+    "KERNELS_LIMIT",
     "FlopFacts",
     "KernelStat",
+    "KernelsDropped",
     "TensorCoreFacts",
     "classify_kernel",
     "flop_facts",
+    "kernel_table",
     "top_kernels",
 ]
+
+KERNELS_LIMIT = 200
+"""Kernel names kept in the summary's ``kernels`` list (the report's Kernels view)."""
 
 _TC_RE = re.compile(
     r"hmma|gmma|mma_sync|tensorop|nvjet|h884|h1688|h16816|s884|s1688|s16816|i8816|i16832|f16816"
@@ -74,9 +80,22 @@ class KernelStat(msgspec.Struct):
     total_us: float
     pct_of_compute: float
     kind: str
+    """The class holding most of the name's time: tensor_core, fp32_gemm or other."""
     mean_us: float | None = None
     min_us: float | None = None
     max_us: float | None = None
+    calls: int = 0
+    """Launches (the same number as ``count``, under the name the Kernels view uses)."""
+    tensor_core: bool = False
+    """``kind == "tensor_core"``."""
+
+
+class KernelsDropped(msgspec.Struct):
+    """The compute kernels a bounded list left out."""
+
+    names: int
+    calls: int
+    total_us: float
 
 
 class TensorCoreFacts(msgspec.Struct):
@@ -131,8 +150,17 @@ def _launch_classes(rt: RankTrace, rows: np.ndarray) -> tuple[np.ndarray, int]:
 
 def top_kernels(rt: RankTrace, top: int) -> tuple[list[KernelStat], TensorCoreFacts]:
     """The ``top`` compute kernels by summed duration, and the tensor-core facts."""
+    stats, facts, _ = kernel_table(rt, top)
+    return stats, facts
+
+
+def kernel_table(
+    rt: RankTrace, limit: int
+) -> tuple[list[KernelStat], TensorCoreFacts, KernelsDropped]:
+    """The ``limit`` compute kernels with the most summed time, the tensor-core facts, and what
+    the list left out."""
     if not rt.kernel_names:
-        return [], TensorCoreFacts(0.0, 0.0, 0, 0, None, None)
+        return [], TensorCoreFacts(0.0, 0.0, 0, 0, None, None), KernelsDropped(0, 0, 0.0)
     rows = np.flatnonzero(rt.dev_kind == KIND_COMPUTE)
     names = rt.dev_name[rows]
     durs = rt.dev_end[rows] - rt.dev_start[rows]
@@ -151,7 +179,8 @@ def top_kernels(rt: RankTrace, top: int) -> tuple[list[KernelStat], TensorCoreFa
     fp_us = float(per_cls[:, _FP32].sum())
     # A name's kind: the class holding most of its time (launches, when all are zero long).
     kind_of = np.where(totals > 0, np.argmax(per_cls, axis=1), np.argmax(hits, axis=1))
-    order = [int(i) for i in np.argsort(-totals, kind="stable") if counts[i] > 0][: max(top, 0)]
+    present = [int(i) for i in np.argsort(-totals, kind="stable") if counts[i] > 0]
+    order, rest = present[: max(limit, 0)], present[max(limit, 0) :]
     stats = [
         KernelStat(
             name=rt.kernel_names[i],
@@ -162,9 +191,16 @@ def top_kernels(rt: RankTrace, top: int) -> tuple[list[KernelStat], TensorCoreFa
             mean_us=float(totals[i]) / int(counts[i]),
             min_us=float(lows[i]),
             max_us=float(highs[i]),
+            calls=int(counts[i]),
+            tensor_core=int(kind_of[i]) == _TC,
         )
         for i in order
     ]
+    dropped = KernelsDropped(
+        names=len(rest),
+        calls=int(counts[rest].sum()) if rest else 0,
+        total_us=float(totals[rest].sum()) if rest else 0.0,
+    )
     facts = TensorCoreFacts(
         tensor_core_us=tc_us,
         fp32_gemm_us=fp_us,
@@ -174,7 +210,7 @@ def top_kernels(rt: RankTrace, top: int) -> tuple[list[KernelStat], TensorCoreFa
         fp32_gemm_pct=100.0 * fp_us / all_us if all_us > 0 else None,
         launches_by_op_dtype=by_op,
     )
-    return stats, facts
+    return stats, facts, dropped
 
 
 def flop_facts(rt: RankTrace, window_us: float | None) -> FlopFacts:

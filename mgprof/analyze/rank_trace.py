@@ -16,6 +16,7 @@ __all__ = [
     "KIND_MEMSET",
     "CommArgs",
     "CpuCommOp",
+    "HostOps",
     "RankTrace",
     "Step",
 ]
@@ -59,6 +60,25 @@ class CpuCommOp:
     """``External id``: on a GPU trace, the NCCL kernel this ``nccl:*`` op launched has it too."""
     comm: CommArgs | None = None
     """NCCL args on the op itself (``In msg nelems``, ``dtype``, ``Group size``), when present."""
+
+
+@dataclass
+class HostOps:
+    """Host operators (``cat`` ``cpu_op``; 2021 schema ``Operator``), one row each, sorted by
+    (thread, start, longer first) so that a parent precedes the ops nested in it."""
+
+    start: FloatArray
+    end: FloatArray
+    thread: np.ndarray  # int32 index into threads
+    name: np.ndarray  # int32 index into names
+    shape: np.ndarray  # int32 index into shapes; 0: no Input Dims
+    names: list[str]
+    shapes: list[bytes]  # raw Input Dims JSON, e.g. b"[[64, 256], [512, 256]]"; shapes[0] == b""
+    threads: list[str]
+
+    @property
+    def size(self) -> int:
+        return int(self.start.size)
 
 
 @dataclass
@@ -115,6 +135,14 @@ class RankTrace:
     """``cudaGraphLaunch`` calls: kernels replayed from a CUDA graph have no launch of their own."""
     unknown_categories: dict[str, int] = field(default_factory=dict)
     """Event categories torch.profiler does not write (``cat`` -> events), counted as host work."""
+    runtime_tid: list[str] = field(default_factory=list)
+    """Thread of each runtime/driver call (rows of ``runtime``)."""
+    launch_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Row in ``runtime`` of each launch in ``launch_corr``."""
+    host_ops: HostOps | None = None
+    """The host operators, for the Operators view (None when the trace has none)."""
+    trace_start_us: float = 0.0
+    """Start of the earliest complete event mgprof reads, relative to ``time_base_us``."""
 
     @property
     def has_device_events(self) -> bool:

@@ -15,6 +15,7 @@ from mgprof.analyze.flop_estimate import (
     _precision,
     estimate_flops,
 )
+from mgprof.analyze.operators import host_op_columns
 from mgprof.analyze.rank_trace import (
     KIND_COMM,
     KIND_COMPUTE,
@@ -108,11 +109,17 @@ def _int64_array(values: list[int]) -> np.ndarray:
 
 # What :meth:`_Reducer.feed` does with an event, decided once per distinct ``cat`` (a device
 # category maps to its KIND_*, 0..3) and, for CPU events, once per distinct name (_N_* bits).
-_CAT_LAUNCH, _CAT_SKIP, _CAT_CPU, _CAT_CPU_OTHER, _CAT_NOCAT = 4, 5, 6, 7, 8
-"""``_CAT_CPU``: an operator (``cat`` ``cpu_op``); ``_CAT_CPU_OTHER``: any other host category
-(``user_annotation``, ``python_function``, ...): containers, never compute on CPU traces;
-``_CAT_NOCAT``: an event without ``cat`` (old traces), classified by its name."""
-_N_STEP, _N_DATALOADER, _N_CPU_COMM, _N_FLOP_OP, _N_PARAM_COMMS = 1, 2, 4, 8, 16
+_CAT_LAUNCH, _CAT_SKIP, _CAT_CPU, _CAT_OP_2021, _CAT_CPU_OTHER, _CAT_NOCAT = 4, 5, 6, 7, 8, 9
+"""``_CAT_CPU``: an operator (``cat`` ``cpu_op``); ``_CAT_OP_2021``: the 2021 schema's
+``Operator`` (operators, but also steps and ``record_function`` spans: never CPU compute, as
+before; an operator of the Operators view unless its name is a known annotation);
+``_CAT_CPU_OTHER``: any other host category (``user_annotation``, ``python_function``, ...):
+containers, never compute on CPU traces; ``_CAT_NOCAT``: an event without ``cat`` (old
+traces), classified by its name. Host codes ≤ ``_CAT_OP_2021`` are operator categories."""
+_N_STEP, _N_DATALOADER, _N_CPU_COMM, _N_FLOP_OP, _N_PARAM_COMMS, _N_ANNOTATION = 1, 2, 4, 8, 16, 32
+_N_BITS = 6
+_N_MASK = (1 << _N_BITS) - 1
+"""A host event's name key: (index into ``_Reducer.host_names``) << _N_BITS | its _N_* bits."""
 
 
 def _cat_code(raw_cat: str | None) -> int:
@@ -126,6 +133,8 @@ def _cat_code(raw_cat: str | None) -> int:
         return _CAT_SKIP
     if cat == "cpu_op":
         return _CAT_CPU
+    if cat == "operator":
+        return _CAT_OP_2021
     return _CAT_CPU_OTHER if cat else _CAT_NOCAT
 
 
@@ -135,6 +144,8 @@ def _name_flags(name: str) -> int:
     flags = 0
     if name.startswith("enumerate(DataLoader)#"):
         flags |= _N_DATALOADER
+    elif name.startswith(_ANNOTATION_PREFIXES):
+        flags |= _N_ANNOTATION  # a container, never an operator (2021 traces write it as one)
     if name.startswith(_CPU_COMM_PREFIXES):
         flags |= _N_CPU_COMM
     if name in _FLOP_OPS:
@@ -158,18 +169,20 @@ class _Reducer:
         self.name_index: dict[str, int] = {}
         self.kind_of_name: dict[str, int] = {}  # kernel name -> KIND_COMPUTE / KIND_COMM
         self.comm_args: dict[int, CommArgs] = {}
-        # Runtime/driver calls by correlation id: launch timestamp and thread (two dicts of
-        # untracked values rather than one of tuples: no garbage-collector work per launch).
-        self.launch_ts: dict[int, float] = {}
-        self.launch_tid: dict[int, str] = {}
+        # Runtime/driver calls by correlation id: their row in runtime_s/_e/_tid (a dict of
+        # untracked ints: no garbage-collector work per launch).
+        self.launch_row: dict[int, int] = {}  # correlation id -> row in runtime_s/_e/_tid
         self.steps: list[Step] = []
         self.dl_s: list[float] = []
         self.dl_e: list[float] = []
         self.param_comms: list[tuple[str, float, float, CommArgs]] = []
         self.cpu_comm_ops: list[CpuCommOp] = []
-        self.cpu_events: list[
-            tuple[float, float, str, str, int]
-        ] = []  # (start, end, tid, name, code)
+        # Host events other than launches and steps: (start, end, tid, name key, _CAT_* code,
+        # shape), the name key as in name_keys and shape the index of an operator's Input Dims
+        # in shape_of (0: none; -1: not an operator).
+        self.host_events: list[tuple[float, float, str, int, int, int]] = []
+        self.host_names: list[str] = []
+        self.shape_of: dict[bytes, int] = {b"": 0}  # raw Input Dims JSON -> index
         # GEMM/conv ops: (tid, start, end, flops or None, reason)
         self.flop_ops: list[tuple[str, float, float, float | None, str]] = []
         self.gemm_prec: dict[int, int] = {}  # External id -> PREC_* of GEMM/conv ops
@@ -182,12 +195,13 @@ class _Reducer:
         self.graph_launches = 0
         self.runtime_s: list[float] = []
         self.runtime_e: list[float] = []
+        self.runtime_tid: list[str] = []
         self.dev_stream: list[int] = []
         self.stream_of: dict[object, int] = {}  # device event tid (stream) -> index
         self.unknown_cats: dict[str, int] = {}
         self.tid_str: dict[object, str] = {}
         self.cat_code: dict[str | None, int] = {}  # raw ``cat`` -> KIND_* or _CAT_*
-        self.name_flags: dict[str, int] = {}  # CPU event name -> _N_* bits
+        self.name_keys: dict[str, int] = {}  # CPU event name -> index << _N_BITS | _N_* bits
 
     def feed(self, events: list[_Event]) -> None:
         self.n_events += len(events)
@@ -205,16 +219,17 @@ class _Reducer:
                     break
         base = self.base if self.base is not None else 0.0
         cat_code = self.cat_code
-        name_flags = self.name_flags
+        name_keys = self.name_keys
         kind_of_name = self.kind_of_name
         name_index = self.name_index
         tid_str = self.tid_str
-        launch_ts, launch_tid = self.launch_ts, self.launch_tid
+        launch_row = self.launch_row
         dev_start, dev_end, dev_kind = self.dev_start, self.dev_end, self.dev_kind
         dev_corr, dev_name, dev_ext = self.dev_corr, self.dev_name, self.dev_ext
-        cpu_events = self.cpu_events
+        add_host = self.host_events.append
+        shape_of = self.shape_of
         dev_stream, stream_of = self.dev_stream, self.stream_of
-        runtime_s, runtime_e = self.runtime_s, self.runtime_e
+        runtime_s, runtime_e, runtime_tid = self.runtime_s, self.runtime_e, self.runtime_tid
         min_ts, max_ts, max_dur = -_MAX_TS_US, _MAX_TS_US, _MAX_DUR_US  # locals: hot loop
         complete = skipped = 0  # written back to self after the loop
         for ev in events:
@@ -305,27 +320,39 @@ class _Reducer:
             if code == _CAT_LAUNCH:
                 if ev.name and "GraphLaunch" in ev.name:
                     self.graph_launches += 1
+                launch = len(runtime_s)
                 runtime_s.append(ts)
                 runtime_e.append(ts + dur)  # type: ignore[operator]
+                runtime_tid.append(tid)
                 args = ev.args
                 if args is not None:
                     corr = args.correlation
                     if type(corr) is not int:
                         corr = _as_int(corr)
                     if corr is not None:
-                        launch_ts[corr] = ts
-                        launch_tid[corr] = tid
+                        launch_row[corr] = launch
                 continue
             end = ts + dur  # type: ignore[operator]
             name = ev.name or ""
-            flags = name_flags.get(name)
-            if flags is None:
-                flags = name_flags[name] = _name_flags(name)
+            key = name_keys.get(name)
+            if key is None:
+                key = name_keys[name] = len(self.host_names) << _N_BITS | _name_flags(name)
+                self.host_names.append(name)
+            flags = key & _N_MASK
             args = ev.args
             if not flags:  # the common case: an op with no special meaning
-                if args is not None and args.flops is not None:
-                    self._add_flops(args.flops)
-                cpu_events.append((ts, end, tid, name, code))
+                shape = -1 if code > _CAT_OP_2021 else 0  # -1: not an operator category
+                if args is not None:
+                    if args.flops is not None:
+                        self._add_flops(args.flops)
+                    if shape == 0:
+                        dims = args.input_dims
+                        if dims:
+                            raw = bytes(dims)
+                            shape = shape_of.get(raw, -1)
+                            if shape < 0:
+                                shape = shape_of[raw] = len(shape_of)
+                add_host((ts, end, tid, key, code, shape))
                 continue
             if flags & _N_STEP:
                 num = _step_number(name)
@@ -335,11 +362,17 @@ class _Reducer:
             if flags & _N_DATALOADER:
                 self.dl_s.append(ts)
                 self.dl_e.append(end)
+            shape = -1 if code > _CAT_OP_2021 or flags & (_N_DATALOADER | _N_ANNOTATION) else 0
             if args is None:
                 if flags & _N_CPU_COMM:
                     self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, None))
-                cpu_events.append((ts, end, tid, name, code))
+                add_host((ts, end, tid, key, code, shape))
                 continue
+            if shape == 0 and args.input_dims:
+                raw = bytes(args.input_dims)
+                shape = shape_of.get(raw, -1)
+                if shape < 0:
+                    shape = shape_of[raw] = len(shape_of)
             if args.flops is not None:
                 self._add_flops(args.flops)
             if flags & _N_FLOP_OP:
@@ -366,7 +399,7 @@ class _Reducer:
                         comm=_comm_args(args),
                     )
                 )
-            cpu_events.append((ts, end, tid, name, code))
+            add_host((ts, end, tid, key, code, shape))
         self.complete += complete
         self.skipped += skipped
 
@@ -395,18 +428,20 @@ class _Reducer:
                     pg_sizes[str(pg.pg_name)] = size
 
         steps = sorted(self.steps, key=lambda s: s.start)
-        cpu_events = self.cpu_events
-        main_tid = _main_thread(steps, cpu_events)
+        host = self.host_events
+        names = self.host_names
+        main_tid = _main_thread(steps, host)
         main_s: list[float] = []
         main_e: list[float] = []
         cpu_window_all = None
-        if not self.dev_start and cpu_events:
+        if not self.dev_start and host:
             # Only CPU-only traces use the main-thread compute events and the whole-trace window.
             comm_s: list[float] = []
             comm_e: list[float] = []
-            for start, end, tid, name, code in cpu_events:
+            for start, end, tid, key, code, _shape in host:
                 if tid != main_tid:
                     continue
+                name = names[key >> _N_BITS]
                 if _is_cpu_compute(code, name):
                     main_s.append(start)
                     main_e.append(end)
@@ -424,7 +459,7 @@ class _Reducer:
                         (iv.as_array(comm_s), iv.as_array(comm_e)),
                     )
                 )
-            cpu_window_all = (min(c[0] for c in cpu_events), max(c[1] for c in cpu_events))
+            cpu_window_all = (min(h[0] for h in host), max(h[1] for h in host))
         if steps and not self.dev_start:
             lo = min(s.start for s in steps)
             hi = max(s.end for s in steps)
@@ -433,7 +468,13 @@ class _Reducer:
                 if cpu_window_all
                 else (lo, hi)
             )
-        self.cpu_events = []
+        host_ops, host_first = host_op_columns(host, names, _N_BITS, self.shape_of)
+        self.host_events = []
+        self.shape_of = {}
+        firsts = [host_first] if host_first is not None else []
+        firsts += [s.start for s in steps[:1]]
+        dev_start = np.asarray(self.dev_start, dtype=np.float64)
+        firsts += [float(dev_start.min())] if dev_start.size else []
 
         est_total, est_ops, est_skipped = _leaf_flops(self.flop_ops)
         if self.flops_ops:
@@ -444,7 +485,12 @@ class _Reducer:
         else:
             flops_total, flops_ops, flops_source = None, 0, None
 
-        corr_sorted = sorted(c for c in self.launch_ts if -_INT64 <= c < _INT64)
+        corr_sorted = sorted(c for c in self.launch_row if -_INT64 <= c < _INT64)
+        launch_rows = np.fromiter(
+            map(self.launch_row.__getitem__, corr_sorted), dtype=np.int64, count=len(corr_sorted)
+        )
+        runtime_s = np.asarray(self.runtime_s, dtype=np.float64)
+        firsts += [float(runtime_s.min())] if runtime_s.size else []
         notes = []
         if self.out_of_range:
             notes.append(
@@ -463,12 +509,12 @@ class _Reducer:
             skipped_device_events=self.skipped,
             graph_launches=self.graph_launches,
             runtime=(
-                np.asarray(self.runtime_s, dtype=np.float64),
+                runtime_s,
                 np.asarray(self.runtime_e, dtype=np.float64),
             ),
             dev_stream=np.asarray(self.dev_stream, dtype=np.int32),
             unknown_categories=dict(self.unknown_cats),
-            dev_start=np.asarray(self.dev_start, dtype=np.float64),
+            dev_start=dev_start,
             dev_end=np.asarray(self.dev_end, dtype=np.float64),
             dev_kind=np.asarray(self.dev_kind, dtype=np.int8),
             dev_corr=_int64_array(self.dev_corr),
@@ -477,12 +523,10 @@ class _Reducer:
             comm_args=self.comm_args,
             launch_corr=np.asarray(corr_sorted, dtype=np.int64),
             notes=notes,
-            launch_ts=np.fromiter(
-                map(self.launch_ts.__getitem__, corr_sorted),
-                dtype=np.float64,
-                count=len(corr_sorted),
-            ),
-            launch_tid=list(map(self.launch_tid.__getitem__, corr_sorted)),
+            launch_ts=runtime_s[launch_rows],
+            launch_tid=list(map(self.runtime_tid.__getitem__, launch_rows.tolist())),
+            launch_rows=launch_rows,
+            runtime_tid=self.runtime_tid,
             steps=steps,
             dataloader=(
                 np.asarray(self.dl_s, dtype=np.float64),
@@ -503,6 +547,8 @@ class _Reducer:
             gemm_precision=self.gemm_prec,
             flops_source=flops_source,
             flops_estimate_skipped=est_skipped,
+            host_ops=host_ops,
+            trace_start_us=min(firsts) if firsts else 0.0,
         )
 
 
@@ -544,7 +590,7 @@ def _is_cpu_compute(code: int, name: str) -> bool:
 
 
 def _main_thread(
-    steps: list[Step], cpu_events: list[tuple[float, float, str, str, int]]
+    steps: list[Step], host: list[tuple[float, float, str, int, int, int]]
 ) -> str | None:
     """The thread of the ``ProfilerStep#N`` events; without steps, the busiest CPU thread.
 
@@ -557,6 +603,6 @@ def _main_thread(
             counts[s.tid] = counts.get(s.tid, 0) + 1
         return max(counts, key=lambda t: counts[t])
     totals: dict[str, float] = {}
-    for start, end, tid, _name, _code in cpu_events:
+    for start, end, tid, _key, _code, _shape in host:
         totals[tid] = totals.get(tid, 0.0) + (end - start)
     return max(totals, key=lambda t: totals[t]) if totals else None

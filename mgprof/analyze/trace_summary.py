@@ -34,7 +34,23 @@ from mgprof.analyze.comm import (
     type_unions,
 )
 from mgprof.analyze.idle import IdleBreakdown, LaunchDelay, idle_breakdown, launch_delay
-from mgprof.analyze.kernels import FlopFacts, KernelStat, TensorCoreFacts, flop_facts, top_kernels
+from mgprof.analyze.kernels import (
+    KERNELS_LIMIT,
+    FlopFacts,
+    KernelsDropped,
+    KernelStat,
+    TensorCoreFacts,
+    flop_facts,
+    kernel_table,
+)
+from mgprof.analyze.operators import (
+    DEVICE_LIMIT,
+    LIMIT,
+    OperatorNameStat,
+    OperatorsDropped,
+    OperatorStat,
+    operator_tables,
+)
 from mgprof.analyze.trace_health import TraceHealth, trace_health
 from mgprof.analyze.trace_load import KIND_COMPUTE, RankTrace, load_trace
 
@@ -67,6 +83,48 @@ _FLOPS_DEF = (
     "(convolution; backward × grads computed) from Input Dims"
 )
 _CPU = "DESIGN.md CPU-only rule"
+_OPS_DEF = (
+    f"host operators (cat cpu_op; 2021 schema Operator) on any thread, annotation spans "
+    f"(user_annotation: ProfilerStep#N, record_function regions, Optimizer.step#…) excluded, "
+    f"grouped by (name, Input Dims); the top {LIMIT} groups by host_self_us plus any group in "
+    f"the top {DEVICE_LIMIT} by device_self_us, ordered by host_self_us; operators_dropped "
+    "sums the groups left out (TensorBoard plugin's Operator view, group by input shape)"
+)
+_OPS_COMMON = {
+    "operators": _OPS_DEF,
+    "operators.input_shapes": "the call's args Input Dims (record_shapes=True) as a list of "
+    'shapes, e.g. [[64, 256], [512, 256]]; "" when not recorded',
+    "operators.host_total_us": "Σ call durations (a call nested in a call of the same group "
+    "counts in both)",
+    "operators.host_self_us": "Σ (call duration − Σ durations of the operators directly nested "
+    "in the call on its thread − the runtime/driver calls made directly in it); an operator "
+    "whose only nested operator has its name is one call (PyTorch key_averages, TensorBoard "
+    "plugin)",
+    "operators_by_name": "the operators grouped by name only, bounded the same way "
+    "(input_shape_groups = distinct Input Dims); operators_by_name_dropped sums the rest",
+    "operators_dropped": "groups, calls, host_self_us and device_self_us of the groups left "
+    "out of operators: listed + dropped = every operator",
+    "kernels": f"compute kernels by summed duration, the top {KERNELS_LIMIT} (top_kernels is "
+    "the first --top of them); kernels_dropped sums the rest",
+    "top_kernels.tensor_core": "kind == tensor_core: tensor-core launches hold most of the "
+    "name's time (see tensor_cores)",
+    "steps.start_us": "the step's CPU span start − the trace start (the earliest complete "
+    "event of the file), µs; cpu_duration_us is its length",
+}
+_OPS_GPU = {
+    "operators.device_self_us": "Σ durations of device events (kernels, memcpy, memset) whose "
+    "runtime launch (cudaLaunchKernel …, same args.correlation) lies inside the call and "
+    "inside none of its nested operators (TensorBoard plugin's self device duration)",
+    "operators.device_total_us": "Σ device self time of the call and of every operator nested "
+    "in it",
+    "operators_device_unattributed_us": "device time whose launch lies in no host operator, or "
+    "whose launch is not in the trace",
+}
+_OPS_CPU = {
+    "operators.device_self_us": "not applicable: no device events",
+    "operators.device_total_us": "not applicable: no device events",
+    "operators_device_unattributed_us": "not applicable: no device events",
+}
 DEFINITIONS: dict[str, dict[str, str]] = {
     "gpu": {
         "window_us": f"first device event start … last device event end, extended over host "
@@ -161,6 +219,9 @@ class StepSummary(msgspec.Struct):
     device_start_us: float | None = None
     device_end_us: float | None = None
     extended_us: float | None = None
+    start_us: float | None = None
+    """The CPU span's start relative to the trace start (the earliest complete event), µs: with
+    ``cpu_duration_us``, a bar on a step timeline."""
     dataloader_exclusive_us: float | None = None
     """DataLoader time in the extended step span while no device event and no runtime call
     runs: the TensorBoard plugin's per-step "DataLoader" (its categories are exclusive)."""
@@ -195,6 +256,15 @@ class RankTraceSummary(msgspec.Struct):
     launch_delay: LaunchDelay | None = None
     attainable: list[Attainable] | None = None
     """Each collective's busbw beside this machine's measured baseline (``--bandwidth``)."""
+    operators: list[OperatorStat] = msgspec.field(default_factory=list)
+    """Host operators by (name, input shapes): the Operators view (``mgprof.analyze.operators``)."""
+    operators_by_name: list[OperatorNameStat] = msgspec.field(default_factory=list)
+    operators_dropped: OperatorsDropped | None = None
+    operators_by_name_dropped: OperatorsDropped | None = None
+    operators_device_unattributed_us: float | None = None
+    kernels: list[KernelStat] = msgspec.field(default_factory=list)
+    """Compute kernels by summed time, up to ``KERNELS_LIMIT``: the Kernels view."""
+    kernels_dropped: KernelsDropped | None = None
 
 
 def _pct(x: float | None, window: float) -> float | None:
@@ -332,6 +402,7 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
                 device_start_us=None if device_start is None else base + device_start,
                 device_end_us=None if device_end is None else base + device_end,
                 extended_us=end - begin,
+                start_us=step.start - rt.trace_start_us,
                 dataloader_exclusive_us=exclusive,
                 not_applicable=step_na,
             )
@@ -370,7 +441,25 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
             if kind == "gpu"
             else "no gloo:*/nccl:* events in the trace"
         )
-    kernels, tc = top_kernels(rt, top)
+    listed, tc, dropped = kernel_table(rt, max(top, KERNELS_LIMIT))
+    kernels = listed[: max(top, 0)]
+    if len(listed) > KERNELS_LIMIT:
+        rest = listed[KERNELS_LIMIT:]
+        dropped = KernelsDropped(
+            names=dropped.names + len(rest),
+            calls=dropped.calls + sum(k.count for k in rest),
+            total_us=dropped.total_us + sum(k.total_us for k in rest),
+        )
+    ops = operator_tables(rt)
+    if rt.host_ops is None:
+        na["operators"] = "no host operators (cat cpu_op) in the trace"
+        na["operators_by_name"] = na["operators"]
+    if ops.device_reason is not None:
+        for key in ("device_self_us", "device_total_us"):
+            na[f"operators.{key}"] = ops.device_reason
+            na[f"operators_by_name.{key}"] = ops.device_reason
+    if ops.device_unattributed_us is None:
+        na["operators_device_unattributed_us"] = ops.device_reason or na.get("operators", "")
     if kind == "cpu":
         na["top_kernels"] = "CPU-only trace: no kernels"
         na["tensor_cores"] = "CPU-only trace: no kernels"
@@ -398,6 +487,8 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
         )
     definitions = dict(DEFINITIONS[kind])
     definitions.update(DEFINITIONS_COMMON)
+    definitions.update(_OPS_COMMON)
+    definitions.update(_OPS_GPU if kind == "gpu" else _OPS_CPU)
     return RankTraceSummary(
         rank=rt.rank,
         rank_source=rt.rank_source,
@@ -421,6 +512,13 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
         health=trace_health(rt),
         idle=idle_breakdown(rt) if kind == "gpu" else None,
         launch_delay=launch_delay(rt) if kind == "gpu" else None,
+        operators=ops.by_shape,
+        operators_by_name=ops.by_name,
+        operators_dropped=ops.dropped,
+        operators_by_name_dropped=ops.dropped_by_name,
+        operators_device_unattributed_us=ops.device_unattributed_us,
+        kernels=listed[:KERNELS_LIMIT],
+        kernels_dropped=dropped,
     )
 
 
