@@ -46,6 +46,9 @@ SECTION_VIEW = {
 }
 """Shared sections shown outside the Overview (by title); every other one is in the Overview."""
 
+SHOWN_BY_VIEW = {"Regions"}
+"""Shared sections left out where their view exists: it shows the same figures interactively."""
+
 CHARTS_AFTER = {"Utilisation": ("chart-utilisation",)}
 """Summary charts (``chart_figures``) drawn right after a shared section."""
 
@@ -133,6 +136,8 @@ def build_page(
     placed: dict[str, list[str]] = {k: [] for k in keys}
     for section in sections:
         key = SECTION_VIEW.get(section.title, "overview")
+        if section.title in SHOWN_BY_VIEW and key in placed:
+            continue  # the view's own table holds the same rows, sortable
         key = key if key in placed else "overview"
         if section.title == "Findings":
             placed[key].extend(_overview_extra(section, analysis, charts))
