@@ -2,7 +2,8 @@
 
 commands → studies → run → collect; run, studies and collect may use analyze and report (run and
 studies view too); everything may use the shared vocabulary at the root (records, errors, atomic,
-rundir, safe_read). analyze and report import neither torch nor pynvml nor any layer above them.
+rundir, safe_read, parent_death). analyze and report import neither torch nor pynvml nor any layer
+above them.
 Checked on the source, every import, including the ones inside functions, so a lazy import cannot
 hide a wrong arrow.
 """
@@ -16,7 +17,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mgprof"
 
-SHARED = {"records", "errors", "atomic", "rundir", "safe_read"}
+SHARED = {"records", "errors", "atomic", "rundir", "safe_read", "parent_death"}
 # layer -> the layers (and shared modules) its modules may import
 S = {"shared"}
 ALLOWED: dict[str, set[str]] = {

@@ -22,10 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from mgprof.parent_death import parent_death_signal
+
 LOOPBACK_ENV = "MGPROF_LOOPBACK_RENDEZVOUS"
 """Set to 1 by the launcher for single-node DDP: torchrun's store listens on 127.0.0.1 only."""
 
-PR_SET_PDEATHSIG = 1
 TARGETS = ("bootstrap", "torchrun")
 _STUB = (
     "import os,sys;_p=os.getppid();"
@@ -42,22 +43,6 @@ def python_command(target: str) -> list[str]:
         raise ValueError(f"unknown entry target {target!r}")
     root = str(Path(__file__).resolve().parent.parent.parent)
     return [sys.executable, "-c", _STUB.format(root=root, target=target)]
-
-
-def parent_death_signal(sig: int) -> bool:
-    """Have the kernel send ``sig`` to this process when its parent ends (Linux only).
-
-    False where that cannot be arranged; the launcher's own signal forwarding still applies.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def start(target: str, parent: int) -> NoReturn:

@@ -154,7 +154,7 @@ def start_tensorboard(
 
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when mgprof ends, however it ends (Linux)."""
-    from mgprof.run.entry import parent_death_signal
+    from mgprof.parent_death import parent_death_signal
 
     parent_death_signal(signal.SIGTERM)
 
