@@ -101,6 +101,20 @@ class MemoryRecord(Struct):
     peak_rss_mib: float | None = None
     per_device: dict[str, dict[str, float | None]] = msgspec.field(default_factory=dict)
     """For DataParallel: ``cuda:N`` -> peak allocated/reserved, to show rank-0 imbalance."""
+    tracked: bool = False
+    """Memory tracking was on (``--memory``): profiler memory events, and on CUDA the
+    allocator's history with snapshots."""
+    snapshots: list[str] = msgspec.field(default_factory=list)
+    """Allocator snapshots (JSON, PyTorch's ``_snapshot()`` format) relative to the run
+    directory: ``memory/rank<N>.window.json`` at the end of the traced steps, ``.oom.json`` at an
+    out-of-memory error."""
+    oom: bool = False
+    """The rank ran out of memory (CUDA OutOfMemoryError, or MemoryError on CPU)."""
+    step_marks: list[tuple[int, float, float]] = msgspec.field(default_factory=list)
+    """Tracked steps on the host wall clock: (step index, start µs, end µs since the epoch), the
+    clock of the allocator's trace entries, to name the step of the peak."""
+    phase_marks: list[tuple[str, float, float]] = msgspec.field(default_factory=list)
+    """``mgprof.region`` blocks of the tracked steps (path joined by " / ", start µs, end µs)."""
 
 
 class TrainingFacts(Struct):

@@ -21,6 +21,7 @@ DEFAULT_ROOT = "mgprof-runs"
 RUN_JSON = "run.json"
 TRACES = "traces"
 SAMPLES = "samples"
+MEMORY = "memory"
 PARTIALS = "ranks"
 
 _rank_encoder = msgspec.json.Encoder()

@@ -11,6 +11,7 @@ from typing import Any, TypeVar, overload
 from torch.profiler import record_function
 
 from mgprof.collect import failopen
+from mgprof.collect.memory_history import wall_us
 from mgprof.collect.session import Session, active_session, lazy_session
 from mgprof.collect.steps import NULL_STEP
 
@@ -89,6 +90,7 @@ def region(name: str) -> Iterator[None]:
     path: tuple[str, ...] = ()
     stack: list[str] | None = None
     depth = 0
+    wall: float | None = None
     if session is not None and session._running:
         try:
             stack = _region_stack()
@@ -96,6 +98,8 @@ def region(name: str) -> Iterator[None]:
             path = (*stack, str(name))
             stack.append(str(name))
             start = session._clock.mark()
+            if session._memory is not None and session._memory.recording:
+                wall = wall_us()
         except Exception as exc:  # fail open: the block runs, untimed
             session.failopen.report("region", exc)
     try:
@@ -107,5 +111,7 @@ def region(name: str) -> Iterator[None]:
         if session is not None and start is not None:
             try:
                 session.add_region(path, start, session._clock.mark())
+                if wall is not None and session._memory is not None:
+                    session._memory.region(path, wall)
             except Exception as exc:
                 session.failopen.report("region", exc)

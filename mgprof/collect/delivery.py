@@ -25,6 +25,7 @@ from mgprof.collect import hooks
 from mgprof.collect.device_facts import device_info, guess_strategy, record_versions
 from mgprof.collect.distenv import RankInfo, env_rank_info, gather_bytes_to_rank0, group_ready
 from mgprof.collect.failopen import FailOpen
+from mgprof.collect.memory_history import MemoryHistory
 from mgprof.collect.region_stats import RegionStats
 from mgprof.collect.staging import Staging
 from mgprof.collect.torch_profiler import TraceWriter
@@ -44,6 +45,8 @@ class RankPayload(msgspec.Struct):
 
     record: RankRecord
     traces: dict[str, bytes]
+    memory: dict[str, bytes] = msgspec.field(default_factory=dict)
+    """Allocator snapshots (``--memory`` on CUDA): file name -> JSON bytes."""
 
 
 NOT_FINALISED = (
@@ -114,6 +117,7 @@ class DeliveryMixin:
     _cuda_indices: list[int]
     _writer: TraceWriter | None
     _staging: Staging | None
+    _memory: MemoryHistory | None
 
     def _rank_info(self) -> RankInfo:
         return self._info if self._info is not None else env_rank_info()
@@ -183,10 +187,16 @@ class DeliveryMixin:
             self.failopen.report("gather", exc)
             return False
 
+    def _memory_files(self, rank: int) -> dict[str, bytes]:
+        history = self._memory
+        if history is None:
+            return {}
+        return {f"rank{rank}.{why}.json": data for why, data in history.snapshots.items()}
+
     def _deliver(self, record: RankRecord) -> RunRecord | None:
         """Gather to rank 0 over the process group when there is one; else write directly."""
         traces = self._trace_files()
-        payload = RankPayload(record=record, traces=traces)
+        payload = RankPayload(record=record, traces=traces, memory=self._memory_files(record.rank))
         if self._group_ready() and record.error is None:
             # a failing rank must not enter a collective its healthy peers will never join
             try:
@@ -207,7 +217,7 @@ class DeliveryMixin:
                 return self._write_run([p.record for p in payloads], payloads)
         if record.world_size > 1 and rundir.RUN_DIR_ENV in os.environ:
             # the launcher merges partial records; this rank could not send its record
-            self._write_partial(record, traces)
+            self._write_partial(payload)
             return None
         return self._write_run([record], [payload])
 
@@ -262,6 +272,18 @@ class DeliveryMixin:
                     self.failopen.report("writer", exc)
                 else:
                     rec.traces.append(rel)
+                    changed = True
+            for name, data in p.memory.items():
+                rel = f"{rundir.MEMORY}/{name}"
+                try:
+                    write_bytes_atomic(run_dir / rel, data)
+                except OSError as exc:
+                    failed.append((rec, rel, exc))
+                except Exception as exc:
+                    self.failopen.report("writer", exc)
+                else:
+                    if rec.memory is not None:
+                        rec.memory.snapshots.append(rel)
                     changed = True
             if rec.sampler.devices:
                 rel = f"{rundir.SAMPLES}/rank{rec.rank}.csv"
@@ -340,8 +362,9 @@ class DeliveryMixin:
             )
         return run
 
-    def _write_partial(self, record: RankRecord, traces: dict[str, bytes]) -> None:
+    def _write_partial(self, payload: RankPayload) -> None:
         """This rank's own record (and files) for the launcher to merge: no group carried it."""
+        record = payload.record
         run_dir = self._resolve_run_dir(_whose([record]))
         if run_dir is None:
             return
@@ -354,7 +377,6 @@ class DeliveryMixin:
             "this rank's measurements are lost",
         ):
             return
-        payload = RankPayload(record=record, traces=traces)
         if self._write_files(run_dir, [record], [payload]):
             self._save_record(
                 lambda: rundir.write_partial(run_dir, record),

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 
+MEMORY_ENV = "MGPROF_MEMORY"
+"""Set to 1 by ``--memory``: every session of the script tracks memory."""
+
 
 def positive_int_env(name: str, default: int, *, blank_is_default: bool = False) -> int:
     """``int(os.environ[name])`` when set, else ``default``; a value that is not an integer >= 1

@@ -28,16 +28,19 @@ from typing import Any
 
 import torch
 
+from mgprof.analyze.sweep_trials import is_oom_error
 from mgprof.collect import hooks, step_timer
 from mgprof.collect.batchinfo import PendingFingerprint, batch_size_of, fingerprint
 from mgprof.collect.delivery import DeliveryMixin
 from mgprof.collect.device_facts import cuda_indices_in_use as _cuda_indices_in_use
 from mgprof.collect.distenv import RankInfo, env_rank_info, rank_info
+from mgprof.collect.envknobs import MEMORY_ENV
 from mgprof.collect.failopen import FailOpen
 from mgprof.collect.inline_report import QUIET_ENV as QUIET_ENV
 from mgprof.collect.inline_report import report_command as _report_command
 from mgprof.collect.inline_report import report_run
 from mgprof.collect.memory import collect_memory, reset_peaks
+from mgprof.collect.memory_history import MemoryHistory
 from mgprof.collect.progress import PROGRESS_ENV, ProgressFile
 from mgprof.collect.region_stats import RegionStats
 from mgprof.collect.staging import Staging, open_staging
@@ -103,13 +106,17 @@ class Session(StepRecordsMixin, DeliveryMixin):
         auto: bool = False,
         on_step: Callable[[int], None] | None = None,
         quiet: bool = False,
+        memory: bool | None = None,
     ) -> None:
+        self.memory = memory if memory is not None else os.environ.get(MEMORY_ENV) == "1"
+        """Memory tracking (``--memory``): profiler memory events in the traced steps, and on
+        CUDA the allocator's history with snapshots."""
         self.trace_config = TraceConfig(
             skip=skip,
             warmup=warmup,
             active=active if trace else 0,
             record_shapes=record_shapes,
-            profile_memory=profile_memory,
+            profile_memory=profile_memory or self.memory,
             with_flops=with_flops,
             with_stack=with_stack,
         )
@@ -154,6 +161,7 @@ class Session(StepRecordsMixin, DeliveryMixin):
         self._progress = ProgressFile(None, 0)
         self._auto_batch: int | None = None
         self._auto_fp: PendingFingerprint | None = None
+        self._memory: MemoryHistory | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -212,6 +220,11 @@ class Session(StepRecordsMixin, DeliveryMixin):
             self._clock = Clock(use_cuda=bool(self._cuda_indices))
         with self.failopen.guard("memory"):
             reset_peaks(self._cuda_indices)
+        if self.memory and self._cuda_indices:
+            with self.failopen.guard("memory history"):
+                history = MemoryHistory(self.failopen)
+                history.start()
+                self._memory = history
         with self.failopen.guard("hooks"):
             hooks.install(self)
         if self.sample:
@@ -350,6 +363,9 @@ class Session(StepRecordsMixin, DeliveryMixin):
             )
         )
         self._boundary = end
+        if self._memory is not None:
+            with self.failopen.guard("memory history"):
+                self._memory.step_ended(self._step_index + len(self._steps) - 1)
         if self._profiler_live:
             with self.failopen.guard("profiler"):
                 self._profiler.step()
@@ -357,6 +373,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
                 if self._trace_window is not None and done >= self._trace_window[1]:
                     self._profiler_live = False
                     self._profiler.stop()  # window over: no profiler cost for the rest
+                    if self._memory is not None:
+                        self._memory.snapshot("window")
         if not self._clock.use_cuda or len(self._steps) >= CUDA_RESOLVE_EVERY:
             self._resolve_ready()
         steps_done = self._step_index + len(self._steps)
@@ -398,6 +416,17 @@ class Session(StepRecordsMixin, DeliveryMixin):
 
     # -- the end ---------------------------------------------------------------------------
 
+    def _memory_facts(self, memory: MemoryRecord, error: str | None) -> None:
+        """What memory tracking adds to the record: the marks, and whether this rank ran out
+        of memory (the observer saw it on CUDA; the script's MemoryError on CPU)."""
+        memory.tracked = True
+        history = self._memory
+        failed = is_oom_error(error)
+        memory.oom = failed or (history is not None and history.oom)
+        if history is not None:
+            memory.step_marks = list(history.step_marks)
+            memory.phase_marks = list(history.phase_marks)
+
     def stop(self, error: str | None = None) -> RunRecord | None:
         """Finish: collect the record, send it to rank 0, write the run directory there (and,
         with no launcher around, the report files and a summary on stderr).
@@ -424,6 +453,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
                 if self._cuda_indices:
                     torch.cuda.synchronize()
                 self._resolve_ready(wait=True)
+            if self._memory is not None:  # no traced window ended (trace off, or a short run)
+                self._memory.snapshot("window")
             sampler_record = SamplerRecord(
                 kind="none",
                 reason="sampling turned off" if not self.sample else "the sampler failed to start",
@@ -436,6 +467,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
             memory: MemoryRecord | None = None
             with self.failopen.guard("memory"):
                 memory = collect_memory(self._cuda_indices)
+                if self.memory:
+                    self._memory_facts(memory, error)
             self.record = self._build_record(sampler_record, memory, error)
             run = self._deliver(self.record)
             if run is not None:

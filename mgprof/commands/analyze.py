@@ -46,6 +46,13 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="without CUDA, refuse more than N CPU ranks (default: 4 per core)",
     )
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="track memory per rank: the profiler's memory events in the traced steps, and on "
+        "CUDA the allocator's history with a snapshot (memory/rank<N>.*.json) at the end of "
+        "the traced steps and at an out-of-memory error",
+    )
     multi = p.add_argument_group("multi-node (passed to torchrun)")
     multi.add_argument("--nnodes", type=int, default=1)
     multi.add_argument("--node-rank", type=int, default=0)
@@ -122,6 +129,7 @@ def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
         collective_timeout_s=getattr(args, "collective_timeout", 600.0),
         auto_wrap=getattr(args, "auto_wrap", True),
         max_cpu_ranks=getattr(args, "max_cpu_ranks", None),
+        memory=getattr(args, "memory", False),
         # a machine-read report owns stdout: the script's own output goes to stderr
         script_stdout_to_stderr=getattr(args, "format", "term") in ("json", "md"),
     )

@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             trace_steps=args.active,
             on_progress=progress,
             auto_wrap=args.auto_wrap,
+            memory=args.memory,
         )
     where = Path(args.out) / comp.comparison_id
     if args.format == "json":

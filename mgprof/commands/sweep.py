@@ -115,6 +115,7 @@ def sweep_config(args: argparse.Namespace) -> Any:
         global_batch=args.global_batch,
         until_oom=args.until_oom,
         auto_wrap=args.auto_wrap,
+        memory=args.memory,
         out=Path(args.out),
         quiet=args.quiet,
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from mgprof import rundir
+from mgprof.collect.envknobs import MEMORY_ENV
 from mgprof.collect.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
@@ -98,6 +99,8 @@ class LaunchConfig:
     (``MGPROF_STOP_GRACE_S``)."""
     max_cpu_ranks: int | None = None
     """CPU ranks allowed without CUDA; None: ``CPU_RANKS_PER_CORE`` x this machine's cores."""
+    memory: bool = False
+    """Track memory in every rank (``--memory``): profiler memory events, allocator history."""
 
     def __post_init__(self) -> None:
         if not self.script.exists():
@@ -252,6 +255,8 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
         env[COLLECTIVE_TIMEOUT_ENV] = f"{config.collective_timeout_s:g}"
     if not config.auto_wrap:
         env[AUTO_WRAP_ENV] = "0"
+    if config.memory:
+        env[MEMORY_ENV] = "1"
     if p.strategy == "ddp" and config.nnodes == 1 and not config.rdzv_endpoint:
         # one node: nothing outside this machine needs to reach the rendezvous or gloo's pairs
         env[entry.LOOPBACK_ENV] = "1"

@@ -119,6 +119,7 @@ def compare(
     trace_steps: int = 3,
     on_progress: Callable[[str, dict[int, int]], None] | None = None,
     auto_wrap: bool = True,
+    memory: bool = False,
 ) -> Comparison:
     """Run ``script`` under each strategy and return the comparison, also saved as
     ``<out>/<comparison_id>/comparison.json`` beside the strategies' run directories.
@@ -180,6 +181,7 @@ def compare(
             nosync_steps=nosync_steps,
             on_progress=on_progress,
             auto_wrap=auto_wrap,
+            memory=memory,
         )
         comp.rows.append(row)
         comp.runs[strategy] = row.run
@@ -273,6 +275,7 @@ def _run_one(
     nosync_steps: int,
     on_progress: Callable[[str, dict[int, int]], None] | None,
     auto_wrap: bool = True,
+    memory: bool = False,
 ) -> Row:
     """Launch one strategy into the comparison directory, analyse it, make its row."""
     from mgprof.collect.nosync import read_result
@@ -296,6 +299,7 @@ def _run_one(
         extra_env=env,
         run_name=f"{strategy}-{script.stem}",
         auto_wrap=auto_wrap,
+        memory=memory,
     )
     callback = None
     if on_progress is not None:

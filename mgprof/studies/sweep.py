@@ -80,6 +80,8 @@ class SweepConfig:
     out: Path = Path(rundir.DEFAULT_ROOT)
     quiet: bool = True
     auto_wrap: bool = True
+    memory: bool = False
+    """Track memory in every trial (``--memory``)."""
 
     def __post_init__(self) -> None:
         try:
@@ -130,6 +132,7 @@ def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> Swe
         active=config.active,
         out=config.out,
         auto_wrap=config.auto_wrap,
+        memory=config.memory,
     )
     p = plan(base)
     if p.cuda and config.memory_budget_mib is not None:

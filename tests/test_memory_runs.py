@@ -1,0 +1,83 @@
+"""``--memory`` on real 2-rank CPU runs of an unmodified script: curves, peaks, sites, OOM.
+
+``tests/scripts/memory_hog.py`` keeps an extra 64 MiB alive inside region ``hog`` on rank 1
+every step; with ``HOG_OOM=1`` rank 1 asks for 4 GiB under a 1 GiB address-space cap
+(``MGPROF_MEMORY_BUDGET_MIB``, as ``mgprof sweep`` sets it on CPU) and fails as a real
+out-of-memory error would.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._spawn import Result, clean_env, python_args, run_many
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "memory_hog.py"
+
+
+def _only_run(root: Path) -> Path:
+    (run,) = [p for p in root.iterdir() if (p / "run.json").exists()]
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Result, Path]]:
+    root = tmp_path_factory.mktemp("memory")
+    jobs = {
+        "tracked": ({}, ["--memory"]),
+        "oom": ({"HOG_OOM": "1", "MGPROF_MEMORY_BUDGET_MIB": "1024"}, ["--memory"]),
+    }
+    args = []
+    for name, (extra, flags) in jobs.items():
+        out = root / name
+        out.mkdir()
+        cmd = python_args(
+            "-m", "mgprof", "analyze", SCRIPT, "--gpus", "2", "--quiet", "--out", out, *flags
+        )
+        args.append((cmd, root, clean_env(**extra)))
+    results = run_many(args, timeout_s=300)
+    return {
+        name: (result, _only_run(root / name)) for name, result in zip(jobs, results, strict=True)
+    }
+
+
+def _run_json(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def test_memory_tracking_records_profiler_memory_events(
+    runs: dict[str, tuple[Result, Path]],
+) -> None:
+    result, run_dir = runs["tracked"]
+    assert result.returncode == 0, result.explain()
+    record = _run_json(run_dir)
+    for rank in record["ranks"]:
+        memory = rank["memory"]
+        assert memory["tracked"] is True and memory["oom"] is False
+        assert memory["snapshots"] == []  # allocator snapshots are CUDA-only
+        (trace,) = rank["traces"]
+        events = json.loads(gzip.decompress((run_dir / trace).read_bytes()))["traceEvents"]
+        sizes = [e["args"]["Bytes"] for e in events if e.get("name") == "[memory]"]
+        assert sizes, "profile_memory was not on in the traced steps"
+        if rank["rank"] == 1:  # the 64 MiB block of region "hog"
+            assert 64 * 2**20 in sizes
+
+
+def test_out_of_memory_is_recorded_and_the_exit_code_is_the_scripts(
+    runs: dict[str, tuple[Result, Path]],
+) -> None:
+    result, run_dir = runs["oom"]
+    assert result.returncode == 1, result.explain()  # Python's code for the uncaught error
+    record = _run_json(run_dir)
+    assert record["status"] == "incomplete" and record["exit_code"] == 1
+    ranks = {r["rank"]: r for r in record["ranks"]}
+    assert ranks[1]["memory"]["oom"] is True
+    assert "can't allocate memory" in ranks[1]["error"]
+    assert ranks[0]["memory"]["oom"] is False  # rank 0 failed of its peer, not of memory
