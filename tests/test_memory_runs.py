@@ -81,3 +81,44 @@ def test_out_of_memory_is_recorded_and_the_exit_code_is_the_scripts(
     assert ranks[1]["memory"]["oom"] is True
     assert "can't allocate memory" in ranks[1]["error"]
     assert ranks[0]["memory"]["oom"] is False  # rank 0 failed of its peer, not of memory
+
+
+def test_curves_peaks_and_the_site_of_rank_1s_extra_memory(
+    runs: dict[str, tuple[Result, Path]],
+) -> None:
+    from mgprof.commands.report import build_analysis
+    from mgprof.records import read_run
+
+    _, run_dir = runs["tracked"]
+    run = read_run(run_dir)
+    analysis = build_analysis(run, run_dir)
+    memory = analysis["memory"]
+    profiles = {p["rank"]: p for p in memory["ranks"]}
+    assert set(profiles) == {0, 1}
+    for p in profiles.values():
+        assert p["source"] == "profiler memory events"
+        curve = p["curve"]
+        assert curve["time_ms"] and len(curve["time_ms"]) == len(curve["allocated_mib"])
+        assert max(curve["allocated_mib"]) == p["peak_allocated_mib"]
+    hog = profiles[1]["top_sites"][0]
+    assert hog["site"].startswith("hog") and hog["mib"] == pytest.approx(64.0, abs=0.5)
+    assert profiles[1]["peak_allocated_mib"] >= 64.0 > profiles[0]["peak_allocated_mib"]
+    # consistent with the processes' resident memory: rank 1 holds the extra block
+    rss = {r.rank: r.memory.peak_rss_mib for r in run.ranks if r.memory}
+    extra = profiles[1]["peak_allocated_mib"] - profiles[0]["peak_allocated_mib"]
+    assert rss[1] - rss[0] >= 0.8 * extra
+    differs = memory["comparison"]["differs"]
+    assert differs["rank"] == 1 and differs["delta_mib"] == pytest.approx(extra, abs=0.5)
+    finding = next(f for f in analysis["findings"] if f["rule"] == "memory_imbalance")
+    assert finding["id"] == "memory_imbalance:rank1" and "hog" in finding["evidence"]
+
+
+def test_untracked_runs_have_no_memory_profile(cpu_run_dir: Path) -> None:
+    from mgprof.commands.report import build_analysis
+    from mgprof.records import read_run
+
+    run = read_run(cpu_run_dir)
+    assert all(r.memory is not None and not r.memory.tracked for r in run.ranks)
+    analysis = build_analysis(run, cpu_run_dir)
+    assert "memory" not in analysis
+    assert not any(f["rule"].startswith("memory_imb") for f in analysis["findings"])

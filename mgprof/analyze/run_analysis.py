@@ -22,6 +22,7 @@ import msgspec
 
 from mgprof.analyze.device_peaks import device_peak_tflops
 from mgprof.analyze.run_job_figures import job_analysis
+from mgprof.analyze.run_memory import memory_analysis
 from mgprof.analyze.run_rank_figures import analyze_rank
 from mgprof.analyze.run_results import (
     DEFINITIONS,
@@ -71,7 +72,7 @@ def analyze_run(
     traces = analyze_traces(run, run_dir, trace_analyzer)
     ranks = [analyze_rank(rec, traces) for rec in sorted(run.ranks, key=lambda r: r.rank)]
     job = job_analysis(run, ranks, traces.job if isinstance(traces.job, dict) else None)
-    return {
+    out = {
         "version": ANALYSIS_VERSION,
         "ranks": [msgspec.to_builtins(r) for r in ranks],
         "job": msgspec.to_builtins(job),
@@ -82,3 +83,7 @@ def analyze_run(
         "definitions": dict(DEFINITIONS),
         "warnings": traces.warnings,
     }
+    memory = memory_analysis(run, run_dir)
+    if memory is not None:
+        out["memory"] = memory
+    return out

@@ -41,6 +41,7 @@ SECTION_VIEW = {
     "Communication": "distributed",
     "Slowest rank": "distributed",
     "Memory & headroom": "memory",
+    "Memory profile": "memory",
     "Data loading": "steps",
     "Top kernels": "kernels",
 }

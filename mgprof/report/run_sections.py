@@ -29,6 +29,7 @@ from mgprof.report.run_figures import (
     utilisation_section,
 )
 from mgprof.report.run_idle import idle_section
+from mgprof.report.run_memory_profile import memory_profile_section
 from mgprof.report.run_regions import regions_section
 from mgprof.report.run_setup import setup_section
 from mgprof.report.section_model import Section, Table
@@ -48,6 +49,7 @@ def build_sections(run: RunRecord, analysis: Mapping[str, Any]) -> list[Section]
         energy_section(analysis),
         communication_section(analysis),
         memory_section(analysis),
+        memory_profile_section(analysis),
         data_loading_section(analysis),
         slowest_section(analysis),
         top_kernels_section(analysis),

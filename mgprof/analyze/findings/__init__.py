@@ -33,6 +33,7 @@ from mgprof.analyze.findings.memory import HEADROOM_CRITICAL_PCT as HEADROOM_CRI
 from mgprof.analyze.findings.memory import HEADROOM_HIGH_PCT as HEADROOM_HIGH_PCT
 from mgprof.analyze.findings.memory import HEADROOM_LOW_PCT as HEADROOM_LOW_PCT
 from mgprof.analyze.findings.memory import memory_headroom, memory_near_limit
+from mgprof.analyze.findings.memory_profile import memory_fragmentation, memory_imbalance
 from mgprof.analyze.findings.straggler import MIN_STEPS_COMPARED as MIN_STEPS_COMPARED
 from mgprof.analyze.findings.straggler import SLOWEST_STEPS_PCT as SLOWEST_STEPS_PCT
 from mgprof.analyze.findings.straggler import SPREAD_HIGH_PCT as SPREAD_HIGH_PCT
@@ -62,6 +63,8 @@ RULES: tuple[Rule, ...] = (
     dataloader_stall,
     fp32_gemms,
     memory_near_limit,
+    memory_fragmentation,
+    memory_imbalance,
     rank_imbalance,
     clock_throttling,
     set_epoch_missing,
