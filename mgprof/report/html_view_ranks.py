@@ -94,13 +94,46 @@ def _peaks_fig(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
+def _allocation_fig(ctx: Context) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]]]:
+    """``--memory``: each rank's allocation curve (one line per rank, its peak marked), for all
+    ranks and per rank."""
+    traces: list[tuple[int, dict[str, Any]]] = []
+    for p in _dict(ctx.analysis.get("memory")).get("ranks") or []:
+        p = _dict(p)
+        curve = _dict(p.get("curve"))
+        rank = p.get("rank")
+        if not isinstance(rank, int) or not curve.get("time_ms"):
+            continue
+        trace = {
+            "type": "scatter",  # not scattergl: WebGL may be missing (headless, remote desktops)
+            "mode": "lines",
+            "name": f"rank {rank}",
+            "x": [rounded(t) for t in curve.get("time_ms") or []],
+            "y": [rounded(v) for v in curve.get("allocated_mib") or []],
+            "meta": {"rank": rank},
+        }
+        traces.append((rank, trace))
+    if not traces:
+        return None, {}
+    title = "Allocated memory over the traced steps (--memory)"
+
+    def fig(data: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"data": data, "layout": layout(title, "ms since the trace started", "MiB")}
+
+    return fig([t for _, t in traces]), {r: fig([t]) for r, t in traces}
+
+
 def memory_view(ctx: Context) -> View:
-    """Peak allocated vs reserved per rank, the memory table (the curve is ``chart-memory``)."""
+    """Peak allocated vs reserved per rank, the memory table (the curve is ``chart-memory``);
+    with ``--memory`` the allocation curve per rank (the Memory profile section follows)."""
     view = View("memory", "Memory")
     rows = _memory_rows(ctx)
     fig = _peaks_fig(rows)
     if fig is not None:
         view.chart("mem-peaks", figure_spec(fig))
+    curve_all, curve_by_rank = _allocation_fig(ctx)
+    if curve_all is not None:
+        view.chart("mem-allocation", figure_spec(curve_all, curve_by_rank))
     if not rows:
         view.note("No memory records.")
         return view
