@@ -17,6 +17,10 @@
 #   compare       single vs DP vs DDP rows on CUDA, with the DP row
 #   sweep         a DataLoader script swept without mgprof.batch_size(): observed == requested
 #   bandwidth     `mgprof doctor --bandwidth` over NCCL (needs 2+ GPUs)
+#   memory        `mgprof analyze --memory` on CUDA: allocator snapshots in memory/ (keep the
+#                 small one in tests/data/gpu/ for the snapshot summary's tests) and the
+#                 Memory profile section; memory-oom: the same script out of CUDA memory on
+#                 purpose (HOG_CUDA_GIB): exit code 1, run.json oom, an .oom.json snapshot
 #   stop          SIGTERM to a running CUDA `mgprof analyze`: exit 143, run.json `interrupted`,
 #                 no process of the run alive and none left on the GPU (benchmarks/stop_check.py)
 #   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
@@ -57,6 +61,10 @@ check compare 300 python3 -m mgprof compare tests/scripts/dp_tutorial.py --gpus 
   --steps 6 --out "$OUT/runs" --quiet
 check sweep 240 python3 -m mgprof sweep tests/scripts/cnn_loader.py --gpus 1 \
   --batch-sizes 16,64 --steps 3 --out "$OUT/runs" --quiet --format json
+check memory 180 env HOG_RANK=0 python3 -m mgprof analyze tests/scripts/memory_hog.py --gpus 1 --memory \
+  --out "$OUT/memory" --quiet
+check memory-oom 180 env HOG_RANK=0 HOG_OOM=1 HOG_CUDA_GIB=100000 python3 -m mgprof analyze \
+  tests/scripts/memory_hog.py --gpus 1 --memory --out "$OUT/memory-oom" --quiet
 check stop 180 python3 benchmarks/stop_check.py --gpus 1 --after 20
 if [ "$GPUS" -ge 2 ]; then
   check bandwidth 180 python3 -m mgprof doctor --bandwidth --gpus "$GPUS" --sizes 1M,64M --json
