@@ -562,6 +562,49 @@ def test_clock_throttling_ignores_cpu_sampler() -> None:
     assert fired("clock_throttling", run, analysed(run)) is None
 
 
+# ------------------------------------------------------------------ memory profile (--memory)
+
+IMBALANCED: dict[str, Any] = {
+    "ranks": [
+        {"rank": 0, "top_sites": []},
+        {"rank": 1, "top_sites": [{"site": "train.py:42 forward", "mib": 2048.0, "count": 1}]},
+    ],
+    "comparison": {
+        "basis": "peak reserved",
+        "threshold_pct": 10.0,
+        "threshold_mib": 800.0,
+        "differs": {"rank": 1, "delta_mib": 2048.0, "delta_pct": 25.0, "median_others_mib": 8192.0},
+    },
+}
+FRAGMENTED: dict[str, Any] = {
+    "ranks": [{"rank": 0, "fragmentation_mib": 3072.0, "fragmentation_pct": 40.0}],
+    "comparison": {},
+}
+
+
+def with_memory(analysis: dict[str, Any], memory: dict[str, Any]) -> dict[str, Any]:
+    return {**analysis, "memory": memory}
+
+
+def test_memory_imbalance_names_the_rank_and_what_it_holds() -> None:
+    run = gpu_run()
+    f = fired("memory_imbalance", run, with_memory(analysed(run), IMBALANCED))
+    assert f is not None and f["id"] == "memory_imbalance:rank1"
+    assert "2,048.0 MiB (+25 %)" in f["evidence"] and "train.py:42 forward" in f["evidence"]
+    quiet = {**IMBALANCED, "comparison": {**IMBALANCED["comparison"], "differs": None}}
+    assert fired("memory_imbalance", run, with_memory(analysed(run), quiet)) is None
+
+
+def test_memory_fragmentation_fires_on_gpu_only_beyond_both_thresholds() -> None:
+    run = gpu_run()
+    f = fired("memory_fragmentation", run, with_memory(analysed(run), FRAGMENTED))
+    assert f is not None and "expandable_segments:True" in f["change"]
+    small = {"ranks": [{"rank": 0, "fragmentation_mib": 512.0, "fragmentation_pct": 60.0}]}
+    assert fired("memory_fragmentation", run, with_memory(analysed(run), small)) is None
+    cpu = gpu_run(cpu_fallback=True)  # a CPU run: no CUDA cache to fragment
+    assert fired("memory_fragmentation", cpu, with_memory(analysed(cpu), FRAGMENTED)) is None
+
+
 # ------------------------------------------------------------------ the whole set
 
 
@@ -587,6 +630,8 @@ FIRING: dict[str, Callable[[Path], tuple[RunRecord, dict[str, Any]]]] = {
         analysed(r),
     ),
     "clock_throttling": lambda p: (r := throttled(["hw_slowdown"]), analysed(r)),
+    "memory_imbalance": lambda p: (r := gpu_run(), with_memory(analysed(r), IMBALANCED)),
+    "memory_fragmentation": lambda p: (r := gpu_run(), with_memory(analysed(r), FRAGMENTED)),
 }
 
 

@@ -122,3 +122,34 @@ def test_untracked_runs_have_no_memory_profile(cpu_run_dir: Path) -> None:
     analysis = build_analysis(run, cpu_run_dir)
     assert "memory" not in analysis
     assert not any(f["rule"].startswith("memory_imb") for f in analysis["findings"])
+
+
+def test_a_cuda_snapshot_gives_the_profile_and_the_oom(tmp_path: Path) -> None:
+    """The CUDA path, on the hand-made snapshot in PyTorch's format (no GPU here): the run
+    analysis reads the rank's snapshot file with its step and region marks."""
+    import shutil
+
+    from mgprof.analyze.run_memory import memory_analysis
+    from mgprof.records import DeviceInfo, MemoryRecord, RankRecord, RunRecord
+    from tests.test_memory_snapshot import HANDMADE, PHASES, STEPS
+
+    (tmp_path / "memory").mkdir()
+    shutil.copy(HANDMADE, tmp_path / "memory" / "rank0.oom.json")
+    memory = MemoryRecord(
+        kind="cuda",
+        tracked=True,
+        oom=True,
+        total_mib=81_559.0,
+        snapshots=["memory/rank0.oom.json"],
+        step_marks=STEPS,
+        phase_marks=PHASES,
+    )
+    rank = RankRecord(rank=0, world_size=1, device=DeviceInfo(kind="cuda", index=0), memory=memory)
+    analysis = memory_analysis(RunRecord(ranks=[rank], world_size=1), tmp_path)
+    assert analysis is not None
+    (profile,) = analysis["ranks"]
+    assert profile["source"] == "allocator snapshot"
+    assert profile["peak_step"] == 3 and profile["peak_phase"] == "forward / attn"
+    assert profile["top_sites"][0]["site"].startswith("train.py:42")
+    assert profile["fragmentation_mib"] is not None
+    assert "failed" in profile["oom"]["text"]

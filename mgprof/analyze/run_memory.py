@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mgprof.analyze.memory_events import memory_timeline
+from mgprof.analyze.memory_snapshot import load_snapshot, summarize_snapshot
 from mgprof.errors import MgprofError
 from mgprof.records import RankRecord, RunRecord
 
@@ -116,12 +117,69 @@ def _profile(rank: RankRecord, run_dir: Path | None) -> dict[str, Any]:
     if run_dir is None:
         return {**base, "source": None, "not_applicable": {"profile": "no run directory"}}
     snapshot = _from_snapshot(rank, run_dir)
-    return {**base, **(snapshot if snapshot is not None else _from_events(rank, run_dir))}
+    profile = {**base, **(snapshot if snapshot is not None else _from_events(rank, run_dir))}
+    if profile.get("oom") is None and base["oom"] is not None:
+        profile["oom"] = base["oom"]
+    return profile
+
+
+def _sites(rows: Any) -> list[dict[str, Any]]:
+    return [
+        {"site": r.site, "mib": r.mib, "count": r.count, "largest_mib": r.largest_mib} for r in rows
+    ]
 
 
 def _from_snapshot(rank: RankRecord, run_dir: Path) -> dict[str, Any] | None:
-    """The profile from a CUDA allocator snapshot; None when the rank has none."""
-    return None
+    """The profile from the rank's CUDA allocator snapshot (the OOM one when the rank ran out
+    of memory: it holds the moment of failure); None when the rank saved none."""
+    mem = rank.memory
+    files = list(mem.snapshots) if mem else []
+    if mem is None or not files:
+        return None
+    chosen = next((f for f in files if f.endswith(".oom.json")), files[0])
+    try:
+        snapshot = load_snapshot(run_dir / chosen)
+        summary = summarize_snapshot(
+            snapshot,
+            step_marks=mem.step_marks,
+            phase_marks=mem.phase_marks,
+            device_total_mib=mem.total_mib,
+        )
+    except (MgprofError, OSError, ValueError, TypeError) as exc:
+        return {"source": None, "not_applicable": {"profile": f"{chosen}: {exc}"}}
+    frag = summary.fragmentation_at_peak
+    at_snapshot = summary.fragmentation_at_snapshot
+    profile: dict[str, Any] = {
+        "source": "allocator snapshot",
+        "peak_allocated_mib": summary.peak_allocated_mib,
+        "peak_reserved_mib": summary.peak_reserved_mib,
+        "peak_step": summary.peak_step,
+        "peak_phase": summary.peak_phase,
+        "fragmentation_mib": frag.free_mib if frag else None,
+        "fragmentation_pct": frag.free_pct if frag else None,
+        "largest_free_block_mib": at_snapshot.largest_free_block_mib if at_snapshot else None,
+        "top_sites": _sites(summary.top_sites),
+        "curve": None,
+        "growth_mib": None,
+        "notes": list(summary.notes),
+        "not_applicable": {"curve": "an allocator snapshot gives peaks and sites, not a curve"},
+    }
+    if summary.oom is not None:
+        o = summary.oom
+        profile["oom"] = {
+            "text": f"an allocation of {o.requested_mib:,.1f} MiB failed"
+            + (f" in step {o.step}" if o.step is not None else "")
+            + (f" during {o.phase}" if o.phase else "")
+            + f" with {o.allocated_mib:,.1f} MiB allocated, {o.reserved_mib:,.1f} MiB reserved"
+            + (
+                f", {o.device_free_mib:,.1f} MiB free on the device"
+                if o.device_free_mib is not None
+                else ""
+            ),
+            "requested_mib": o.requested_mib,
+            "top_sites": _sites(o.top_sites),
+        }
+    return profile
 
 
 def _comparison(profiles: list[dict[str, Any]], run: RunRecord) -> dict[str, Any]:

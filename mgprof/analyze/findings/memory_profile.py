@@ -74,6 +74,11 @@ def memory_imbalance(run: RunRecord, figures: Mapping[str, Any]) -> Finding | No
             "delta_pct": pct,
             "median_others_mib": others,
             "basis": basis,
+            "threshold_pct": _num(comparison.get("threshold_pct")) or 10.0,
+            "threshold_mib": _num(comparison.get("threshold_mib")) or 16.0,
+            "sites_mib": [
+                _num(s.get("mib")) for s in [_dict(x) for x in profile.get("top_sites") or []][:3]
+            ],
         },
     )
 
@@ -112,5 +117,11 @@ def memory_fragmentation(run: RunRecord, figures: Mapping[str, Any]) -> Finding 
         ),
         fix=["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"],
         saving=f"up to {frag:,.0f} MiB of device memory on rank {rank}",
-        figures={"rank": rank, "fragmentation_mib": frag, "fragmentation_pct": pct},
+        figures={
+            "rank": rank,
+            "fragmentation_mib": frag,
+            "fragmentation_pct": pct,
+            "threshold_pct": FRAGMENTED_PCT,
+            "threshold_mib": FRAGMENTED_MIB,
+        },
     )
