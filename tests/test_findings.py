@@ -595,6 +595,16 @@ def test_memory_imbalance_names_the_rank_and_what_it_holds() -> None:
     assert fired("memory_imbalance", run, with_memory(analysed(run), quiet)) is None
 
 
+def test_memory_near_limit_names_what_was_live_at_the_peak() -> None:
+    run = mem_run(80_000.0)
+    sites = [{"site": "model.py:88 forward", "mib": 30_000.0, "count": 12}]
+    memory = {"ranks": [{"rank": 0, "top_sites": sites}], "comparison": {}}
+    f = fired("memory_near_limit", run, with_memory(analysed(run), memory))
+    assert f is not None and "largest live at the peak" in f["evidence"]
+    assert "model.py:88 forward 30,000.0 MiB" in f["evidence"]
+    assert f["figures"]["live_sites_mib"] == [30_000.0]
+
+
 def test_memory_fragmentation_fires_on_gpu_only_beyond_both_thresholds() -> None:
     run = gpu_run()
     f = fired("memory_fragmentation", run, with_memory(analysed(run), FRAGMENTED))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,6 +78,9 @@ def memory_near_limit(run: RunRecord, figures: Mapping[str, Any]) -> Finding | N
     }
     evidence = "; ".join(_mem_text(lbl, m, figs) for lbl, m in tight)
     evidence += f" (fires < {HEADROOM_LOW_PCT:.0f} % free, high < {HEADROOM_CRITICAL_PCT:.0f} %)"
+    live = _largest_live(figures, label, figs)
+    if live:
+        evidence += f"; largest live at the peak (--memory): {live}"
     return Finding(
         id=finding_id("memory_near_limit"),
         rule="memory_near_limit",
@@ -100,6 +104,25 @@ def memory_near_limit(run: RunRecord, figures: Mapping[str, Any]) -> Finding | N
         ],
         figures=figs,
     )
+
+
+def _largest_live(figures: Mapping[str, Any], label: str, figs: dict[str, Any]) -> str:
+    """What the tightest device's rank held at its peak, from ``--memory`` tracking: the sites
+    the change (checkpointing, a smaller micro-batch, bf16) would shrink. "" without it."""
+    match = re.match(r"rank (\d+)", label)
+    if match is None:
+        return ""
+    rank = int(match.group(1))
+    for p in _dict(figures.get("memory")).get("ranks") or []:
+        p = _dict(p)
+        if p.get("rank") != rank:
+            continue
+        sites = [_dict(s) for s in p.get("top_sites") or []][:3]
+        figs["live_sites_mib"] = [_num(s.get("mib")) for s in sites]
+        return ", ".join(
+            f"{s.get('site', '?')} {_num(s.get('mib')) or 0.0:,.1f} MiB" for s in sites
+        )
+    return ""
 
 
 def memory_headroom(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
