@@ -109,6 +109,10 @@ def test_curves_peaks_and_the_site_of_rank_1s_extra_memory(
     assert rss[1] - rss[0] >= 0.8 * extra
     differs = memory["comparison"]["differs"]
     assert differs["rank"] == 1 and differs["delta_mib"] == pytest.approx(extra, abs=0.5)
+    from mgprof.report.run_memory_profile import memory_profile_section
+
+    section = memory_profile_section(analysis)
+    assert section is not None and any("inside the traced steps" in n for n in section.notes)
     finding = next(f for f in analysis["findings"] if f["rule"] == "memory_imbalance")
     assert finding["id"] == "memory_imbalance:rank1" and "hog" in finding["evidence"]
 

@@ -34,7 +34,6 @@ import pytest
 from mgprof.analyze.memory_replay import replay
 from mgprof.analyze.memory_snapshot import (
     SnapshotSummary,
-    compare_ranks,
     describe_device0_imbalance,
     load_snapshot,
     summarize_snapshot,
@@ -282,37 +281,52 @@ def test_the_rank_with_an_extra_2_gib_is_named() -> None:
     assert hog.peak_reserved_mib == 22 + 2048 and hog.peak_entry == 13
     assert hog.top_sites[0].site == "train.py:99 hog" and hog.top_sites[0].mib == 2048.0
     assert hog.peak_step == 4 and hog.peak_phase is None
-    out = compare_ranks({0: base, 1: hog})
-    assert out.rank == 1 and out.flagged
-    assert out.delta_mib == pytest.approx(2070 - 86)
-    assert out.delta_pct == pytest.approx(100 * (2070 - 86) / 86, abs=1e-3)
-    assert out.text is not None and out.text.startswith("rank 1 peaks at 2,070 MiB reserved")
-    assert [p.peak_reserved_mib for p in out.ranks] == [86.0, 2070.0]
-    four = compare_ranks({0: base, 1: hog, 2: base, 3: base})
-    assert four.rank == 1 and four.flagged and four.median_mib == 86.0
+    out = _compare({0: base, 1: hog})
+    assert out["differs"]["rank"] == 1
+    assert out["differs"]["delta_mib"] == pytest.approx(2070 - 86)
+    assert out["differs"]["delta_pct"] == pytest.approx(100 * (2070 - 86) / 86, abs=1e-3)
+    assert out["text"].startswith("rank 1's peak reserved is 1,984.0 MiB (+2,307 %) above")
+    assert out["peaks_mib"] == {"0": 86.0, "1": 2070.0}
+    four = _compare({0: base, 1: hog, 2: base, 3: base})
+    assert four["differs"]["rank"] == 1 and four["differs"]["median_others_mib"] == 86.0
+
+
+def _compare(summaries: dict[int, SnapshotSummary]) -> dict[str, Any]:
+    """The run analysis' rank comparison over these summaries, on 80 GB devices (its floor is
+    then 1 % of the device, 816 MiB)."""
+    from mgprof.analyze.run_memory import _comparison
+    from mgprof.records import DeviceInfo, RankRecord, RunRecord
+
+    profiles = [
+        {"rank": r, "peak_allocated_mib": s.peak_allocated_mib,
+         "peak_reserved_mib": s.peak_reserved_mib}
+        for r, s in summaries.items()
+    ]  # fmt: skip
+    device = DeviceInfo(kind="cuda", index=0, total_memory_mib=81_559.0)
+    ranks = [RankRecord(rank=r, world_size=len(summaries), device=device) for r in summaries]
+    return _comparison(profiles, RunRecord(ranks=ranks, world_size=len(ranks)))
 
 
 def test_equal_or_close_ranks_are_not_flagged() -> None:
     base = _summary()
-    out = compare_ranks(dict.fromkeys(range(4), base))
-    assert not out.flagged and out.delta_mib == 0.0 and out.text is not None
-    assert out.text.startswith("no rank stands out") and out.dp_imbalance is None
-    near = _summary(_with_hog(_snapshot(), 300 * MIB))  # 300 MiB: under the 512 MiB floor
-    close = compare_ranks({0: base, 1: near, 2: base})
-    assert close.rank == 1 and not close.flagged and close.threshold_mib == 512.0
-    assert compare_ranks({0: base}).rank is None and compare_ranks({}).median_mib is None
+    out = _compare(dict.fromkeys(range(4), base))
+    assert out["differs"] is None and out["text"].startswith("no rank stands out")
+    near = _summary(_with_hog(_snapshot(), 300 * MIB))  # 300 MiB: under the 816 MiB floor
+    close = _compare({0: base, 1: near, 2: base})
+    assert close["differs"] is None and close["threshold_mib"] == pytest.approx(815.59)
+    assert _compare({0: base})["differs"] is None and _compare({})["peaks_mib"] == {}
 
 
 def test_dataparallel_device_0_is_named() -> None:
     dp = describe_device0_imbalance({0: 5000.0, 1: 3000.0, 2: 3000.0})
-    assert dp is not None and dp.excess_mib == 2000.0 and dp.flagged
+    assert dp is not None and dp.excess_mib == 2000.0 and dp.excess_pct == pytest.approx(66.667)
     assert dp.text == (
         "device 0 peaks 2,000 MiB higher than the mean of the other devices: DataParallel "
         "gathers outputs and keeps the master copy on device 0"
     )
     assert describe_device0_imbalance({0: 100.0}) is None
     even = describe_device0_imbalance({0: 3000.0, 1: 3000.0})
-    assert even is not None and not even.flagged and even.text is None
+    assert even is not None and even.excess_mib == 0.0 and even.text is None
     # one process, two devices in one snapshot (DataParallel): device 0 holds 1 GiB more
     snap = _with_hog(_snapshot(), 1 << 30)
     other = copy.deepcopy(_snapshot()["segments"])
@@ -322,8 +336,16 @@ def test_dataparallel_device_0_is_named() -> None:
     s = summarize_snapshot(snap)
     assert [(d.device, d.peak_reserved_mib) for d in s.devices] == [(0, 1046.0), (1, 22.0)]
     assert s.device == 0
-    cmp = compare_ranks({0: s})
-    assert cmp.dp_imbalance is not None and cmp.dp_imbalance.excess_mib == 1024.0
+    dp0 = describe_device0_imbalance({d.device: d.peak_reserved_mib for d in s.devices})
+    assert dp0 is not None and dp0.excess_mib == 1024.0
+    # the run analysis names it from a DataParallel rank's per-device peaks
+    from mgprof.analyze.run_memory import _dp_imbalance
+    from mgprof.records import MemoryRecord, RankRecord, RunRecord
+
+    per_device = {"cuda:1": {"peak_reserved_mib": 3000.0}, "cuda:0": {"peak_reserved_mib": 5000.0}}
+    rank = RankRecord(rank=0, world_size=1, memory=MemoryRecord(kind="cuda", per_device=per_device))
+    text = _dp_imbalance(RunRecord(ranks=[rank], world_size=1))
+    assert text is not None and text.startswith("device 0 peaks 2,000 MiB higher")
     assert summarize_snapshot(snap, device=1).peak_reserved_mib == 22.0
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from mgprof.analyze.gc_pause import gc_paused as _gc_paused
 from mgprof.analyze.trace_load import (
     _CHUNK_BYTES,
     _EVENT_GAP_RE,
@@ -36,7 +37,6 @@ from mgprof.analyze.trace_load import (
     _READ_BYTES,
     _Bounded,
     _event_chunks,
-    _gc_paused,
     _open_trace,
     _read_bytes,
 )

@@ -18,43 +18,31 @@ Pure analysis in plain Python (no torch, no numpy): it runs in ``mgprof report``
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import re
-import statistics
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from mgprof.analyze.gc_pause import gc_paused as _gc_paused
 from mgprof.analyze.memory_replay import Block, Replay, replay
 from mgprof.errors import UsageError
 from mgprof.safe_read import read_regular, record_size_limit
 
 __all__ = [
-    "DIFFERS_MIB",
-    "DIFFERS_PCT",
     "DeviceImbalance",
     "DevicePeak",
     "Fragmentation",
     "OomEvent",
-    "RankComparison",
-    "RankPeak",
     "SiteRow",
     "SnapshotSummary",
-    "compare_ranks",
     "describe_device0_imbalance",
     "load_snapshot",
     "summarize_snapshot",
 ]
 
 MIB = float(1 << 20)
-DIFFERS_PCT = 10.0
-"""A rank (or device 0) differs when its peak is off the median of the others by more than
-10 % of that median..."""
-DIFFERS_MIB = 512.0
-"""...and by more than 512 MiB: smaller gaps are allocator caching noise."""
 SNAPSHOT_MAX_BYTES = 2 << 30
 """Largest snapshot file read (a 200k-entry ring with stacks is a few hundred MB of JSON)."""
 
@@ -161,15 +149,6 @@ class SnapshotSummary(msgspec.Struct, kw_only=True):
     notes: list[str]
 
 
-class RankPeak(msgspec.Struct, kw_only=True):
-    rank: int
-    peak_allocated_mib: float
-    peak_reserved_mib: float
-    peak_step: int | None
-    peak_phase: str | None
-    oom: bool
-
-
 class DeviceImbalance(msgspec.Struct, kw_only=True):
     """DataParallel's device 0 against the mean of the other devices of one process."""
 
@@ -177,24 +156,9 @@ class DeviceImbalance(msgspec.Struct, kw_only=True):
     others_mean_mib: float
     excess_mib: float
     excess_pct: float | None
-    flagged: bool
     text: str | None
-
-
-class RankComparison(msgspec.Struct, kw_only=True):
-    basis: str
-    ranks: list[RankPeak]
-    median_mib: float | None
-    rank: int | None
-    """The rank whose peak is furthest from the median of the other ranks."""
-    delta_mib: float | None
-    """Its peak − the median of the other ranks (signed)."""
-    delta_pct: float | None
-    threshold_mib: float | None
-    """max(10 % of that median, 512 MiB)."""
-    flagged: bool
-    text: str | None
-    dp_imbalance: DeviceImbalance | None
+    """Set when device 0 holds more than the others' mean (whether that matters is the run
+    comparison's call: ``mgprof.analyze.run_memory``)."""
 
 
 # --- reading the snapshot -------------------------------------------------------------------
@@ -571,19 +535,6 @@ def summarize_snapshot(
         return _summarize(snapshot, step_marks, phase_marks, device_total_mib, top, device)
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic collection while summarising: the few 10^5 records made here all live to the
-    end, and each collection would walk the (much larger) decoded snapshot for nothing."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _summarize(
     snapshot: Mapping[str, Any],
     step_marks: Sequence[tuple[int, float, float]],
@@ -656,11 +607,7 @@ def _summarize(
     )
 
 
-# --- across ranks ---------------------------------------------------------------------------
-
-
-def _threshold(reference: float) -> float:
-    return max(DIFFERS_PCT / 100.0 * reference, DIFFERS_MIB)
+# --- across devices -------------------------------------------------------------------------
 
 
 def describe_device0_imbalance(device_peaks_mib: Mapping[int, float]) -> DeviceImbalance | None:
@@ -683,70 +630,5 @@ def describe_device0_imbalance(device_peaks_mib: Mapping[int, float]) -> DeviceI
         others_mean_mib=round(mean, 6),
         excess_mib=round(excess, 6),
         excess_pct=round(100.0 * excess / mean, 3) if mean > 0 else None,
-        flagged=excess > _threshold(mean),
         text=text,
     )
-
-
-def compare_ranks(summaries: Mapping[int, SnapshotSummary]) -> RankComparison:
-    """Per-rank peaks side by side and the rank whose peak reserved is furthest from the
-    median of the other ranks' (with two ranks: the higher one); flagged when further than
-    max(10 % of that median, 512 MiB). Device 0's excess over a process's other devices is
-    named as DataParallel's (the first rank whose snapshot covers several devices)."""
-    ranks = [
-        RankPeak(
-            rank=rank,
-            peak_allocated_mib=s.peak_allocated_mib,
-            peak_reserved_mib=s.peak_reserved_mib,
-            peak_step=s.peak_step,
-            peak_phase=s.peak_phase,
-            oom=s.oom is not None,
-        )
-        for rank, s in sorted(summaries.items())
-    ]
-    dp = None
-    for _, s in sorted(summaries.items()):
-        if len(s.devices) >= 2:
-            dp = describe_device0_imbalance({d.device: d.peak_reserved_mib for d in s.devices})
-            if dp is not None:
-                break
-    peaks = {p.rank: p.peak_reserved_mib for p in ranks}
-    out = RankComparison(
-        basis="peak_reserved_mib",
-        ranks=ranks,
-        median_mib=statistics.median(peaks.values()) if peaks else None,
-        rank=None,
-        delta_mib=None,
-        delta_pct=None,
-        threshold_mib=None,
-        flagged=False,
-        text=None,
-        dp_imbalance=dp,
-    )
-    if len(peaks) < 2:
-        return out
-    deltas = {
-        r: (v - statistics.median(w for q, w in peaks.items() if q != r), v)
-        for r, v in peaks.items()
-    }
-    rank = max(sorted(deltas), key=lambda r: (abs(deltas[r][0]), deltas[r][1]))
-    delta, value = deltas[rank]
-    reference = value - delta
-    out.rank = rank
-    out.delta_mib = round(delta, 6)
-    out.delta_pct = round(100.0 * delta / reference, 3) if reference > 0 else None
-    out.threshold_mib = round(_threshold(reference), 6)
-    out.flagged = abs(delta) > out.threshold_mib
-    shown = f" ({out.delta_pct:+,.0f} %)" if out.delta_pct is not None else ""
-    if out.flagged:
-        side = "above" if delta > 0 else "below"
-        out.text = (
-            f"rank {rank} peaks at {value:,.0f} MiB reserved, {abs(delta):,.0f} MiB{shown} "
-            f"{side} the median of the other ranks ({reference:,.0f} MiB)"
-        )
-    else:
-        out.text = (
-            f"no rank stands out: peak reserved within {out.threshold_mib:,.0f} MiB of the "
-            "median of the other ranks"
-        )
-    return out

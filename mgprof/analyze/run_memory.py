@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from mgprof.analyze.memory_events import memory_timeline
-from mgprof.analyze.memory_snapshot import load_snapshot, summarize_snapshot
+from mgprof.analyze.memory_snapshot import (
+    describe_device0_imbalance,
+    load_snapshot,
+    summarize_snapshot,
+)
 from mgprof.errors import MgprofError
 from mgprof.records import RankRecord, RunRecord
 
@@ -228,22 +232,23 @@ def _comparison(profiles: list[dict[str, Any]], run: RunRecord) -> dict[str, Any
 
 
 def _dp_imbalance(run: RunRecord) -> str | None:
-    """DataParallel's device 0 against the mean of its other devices (one process, N GPUs)."""
+    """DataParallel's device 0 (its first device, which gathers) against the mean of the other
+    devices of its one process."""
     for rank in run.ranks:
         per_device = rank.memory.per_device if rank.memory else {}
-        peaks = {k: v.get("peak_reserved_mib") for k, v in per_device.items()}
-        if len(peaks) < 2 or any(v is None for v in peaks.values()):
+        peaks = [v.get("peak_reserved_mib") for _, v in sorted(per_device.items(), key=_index)]
+        if len(peaks) < 2 or any(v is None for v in peaks):
             continue
-        names = sorted(peaks, key=lambda k: int(k.split(":")[-1]) if k[-1].isdigit() else 0)
-        first = float(peaks[names[0]] or 0.0)
-        rest = [float(peaks[n] or 0.0) for n in names[1:]]
-        excess = first - sum(rest) / len(rest)
-        if excess > 0:
-            return (
-                f"{names[0]} peaks {excess:,.0f} MiB higher than the mean of the other devices: "
-                "DataParallel gathers outputs and keeps the master copy on device 0"
-            )
+        found = describe_device0_imbalance({i: float(v or 0.0) for i, v in enumerate(peaks)})
+        if found is not None and found.text is not None:
+            return found.text
     return None
+
+
+def _index(item: tuple[str, Any]) -> int:
+    """``cuda:3`` -> 3, for device order."""
+    tail = item[0].rpartition(":")[2]
+    return int(tail) if tail.isdigit() else 0
 
 
 def memory_analysis(run: RunRecord, run_dir: Path | None) -> dict[str, Any] | None:

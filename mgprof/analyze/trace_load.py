@@ -30,13 +30,10 @@ GEMM/conv FLOP estimates in :mod:`~mgprof.analyze.flop_estimate` and the result 
 
 from __future__ import annotations
 
-import gc
 import gzip
 import os
 import re
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, BinaryIO, cast
 
@@ -49,6 +46,7 @@ from mgprof.analyze.flop_estimate import (
     PREC_REDUCED,
     estimate_flops,
 )
+from mgprof.analyze.gc_pause import gc_paused as _gc_paused
 from mgprof.analyze.rank_trace import (
     KIND_COMM,
     KIND_COMPUTE,
@@ -393,23 +391,6 @@ def load_trace(path: str | Path) -> RankTrace:
             f"{p}: ran out of memory while loading the trace; free memory, or pass "
             "--workers 1 so that one trace is loaded at a time"
         ) from None
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a trace is reduced.
-
-    Reducing allocates ~10^5 container objects (event tuples, launch records) that all stay
-    alive until the end, so the collector's passes over them would find nothing to free; they
-    cost ~5-10 % of the load time. Nothing reduced here forms a cycle that needs the collector.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _load(p: Path) -> RankTrace:

@@ -257,34 +257,28 @@ class DeliveryMixin:
     def _write_files(
         self, run_dir: Path, records: list[RankRecord], payloads: list[RankPayload]
     ) -> bool:
-        """The large files (traces, samples) of each rank; True when any was written or failed
-        (the record then needs rewriting). Failures: one line, and a note in each rank's record."""
+        """The large files (traces, memory snapshots, samples) of each rank; True when any was
+        written or failed (the record then needs rewriting). Failures: one line, and a note in
+        each rank's record."""
         failed: list[tuple[RankRecord, str, BaseException]] = []
         changed = False
         for rec, p in zip(records, payloads):
-            for name, data in p.traces.items():
-                rel = f"{rundir.TRACES}/{name}"
-                try:
-                    write_bytes_atomic(run_dir / rel, data)
-                except OSError as exc:
-                    failed.append((rec, rel, exc))
-                except Exception as exc:
-                    self.failopen.report("writer", exc)
-                else:
-                    rec.traces.append(rel)
-                    changed = True
-            for name, data in p.memory.items():
-                rel = f"{rundir.MEMORY}/{name}"
-                try:
-                    write_bytes_atomic(run_dir / rel, data)
-                except OSError as exc:
-                    failed.append((rec, rel, exc))
-                except Exception as exc:
-                    self.failopen.report("writer", exc)
-                else:
-                    if rec.memory is not None:
-                        rec.memory.snapshots.append(rel)
-                    changed = True
+            snapshots = rec.memory.snapshots if rec.memory is not None else []
+            for folder, files, saved in (
+                (rundir.TRACES, p.traces, rec.traces),
+                (rundir.MEMORY, p.memory, snapshots),
+            ):
+                for name, data in files.items():
+                    rel = f"{folder}/{name}"
+                    try:
+                        write_bytes_atomic(run_dir / rel, data)
+                    except OSError as exc:
+                        failed.append((rec, rel, exc))
+                    except Exception as exc:
+                        self.failopen.report("writer", exc)
+                    else:
+                        saved.append(rel)
+                        changed = True
             if rec.sampler.devices:
                 rel = f"{rundir.SAMPLES}/rank{rec.rank}.csv"
                 try:

@@ -84,6 +84,12 @@ def memory_profile_section(analysis: Mapping[str, Any]) -> Section | None:
     sec.tables.append(peaks)
     if sites.rows:
         sec.tables.append(sites)
+    if any(p.get("source") == "profiler memory events" for p in profiles):
+        sec.notes.append(
+            "profiler memory events count what was allocated inside the traced steps: memory "
+            "allocated before them (parameters, optimizer state created earlier) is not in "
+            "these peaks; the process's peak RSS is in Memory & headroom."
+        )
     comparison = _dict(_dict(analysis.get("memory")).get("comparison"))
     if comparison.get("text"):
         sec.notes.insert(0, str(comparison["text"]))
