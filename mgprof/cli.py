@@ -14,7 +14,17 @@ from collections.abc import Sequence
 from mgprof import __version__
 from mgprof.errors import Interrupted, UsageError
 
-COMMANDS = ("analyze", "compare", "sweep", "trace", "report", "view", "doctor")
+COMMANDS = (
+    "analyze",
+    "compare",
+    "sweep",
+    "trace",
+    "report",
+    "diff",
+    "timeline",
+    "view",
+    "doctor",
+)
 LAUNCHING = ("analyze", "compare", "sweep")
 """Commands that run a script: everything after ``--`` belongs to the script."""
 
@@ -40,6 +50,8 @@ examples:
   mgprof compare train.py --gpus 4   single GPU vs DataParallel vs DDP
   mgprof sweep train.py --gpus 2     where a bigger batch stops paying
   mgprof report mgprof-runs/RUN      re-render a run (--format md|json|html)
+  mgprof diff BASE NEW --fail-on 5%  did a change make training slower, and why
+  mgprof timeline mgprof-runs/RUN    every rank on one clock, for Perfetto
   mgprof trace ./traces              analyse torch.profiler traces you have
   mgprof view mgprof-runs/RUN        open the traces in TensorBoard
   mgprof doctor                      check torch, CUDA, NCCL, NVML, GPUs

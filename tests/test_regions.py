@@ -17,7 +17,7 @@ from mgprof.collect.region_stats import RegionStats
 from mgprof.records import RegionRecord, StepRecord
 from mgprof.report.run_markdown import escape_md
 from mgprof.report.run_regions import PER_RANK_UP_TO, regions_section
-from mgprof.report.run_terminal import _render_section
+from mgprof.report.run_terminal import render_section
 
 
 def test_nested_regions_are_recorded_under_their_parent(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def _analysis(n_ranks: int, name: str = "forward") -> dict[str, Any]:
 
 def _terminal(section: Any) -> str:
     buf = io.StringIO()
-    _render_section(section, Console(file=buf, width=80, color_system=None))
+    render_section(section, Console(file=buf, width=80, color_system=None))
     return buf.getvalue()
 
 

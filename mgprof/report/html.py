@@ -54,6 +54,14 @@ _CSP = (
 """No network at all: the file is meant to work offline, and an injected element (had escaping
 ever failed) could not load anything either."""
 
+CSP = _CSP
+"""The policy for other mgprof pages (``mgprof diff --format html``)."""
+
+
+def plotly_js() -> str:
+    """plotly.js for another offline mgprof page; HtmlDependencyMissing without plotly."""
+    return _plotly_js()
+
 
 def run_to_html(run: RunRecord, analysis: Mapping[str, Any]) -> str:
     """The run report as one offline HTML document with views, interactive charts and tables.

@@ -35,7 +35,7 @@ def _table(table: Table) -> list[str]:
     return lines
 
 
-def _section(section: Section) -> list[str]:
+def section_markdown(section: Section) -> list[str]:
     lines = [f"## {escape_md(section.title)}", ""]
     if section.brief is not None:
         return [*lines, escape_md(section.brief), ""]
@@ -109,7 +109,7 @@ def run_to_markdown(run: RunRecord, analysis: Mapping[str, Any]) -> str:
         lines += _failure(summary)
         sections = sections_after(summary, run, analysis)
     for section in sections:
-        lines += _section(section)
+        lines += section_markdown(section)
     if summary is not None and not summary.full_report:
         return "\n".join(lines)
     defs = definitions(analysis)

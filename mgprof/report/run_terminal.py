@@ -85,7 +85,7 @@ def _finding(finding: Mapping[str, Any], console: Console) -> None:
     console.print(grid)
 
 
-def _render_section(section: Section, console: Console) -> None:
+def render_section(section: Section, console: Console) -> None:
     if section.brief is not None:
         console.print(
             Text.assemble(rich_text(section.title, "bold"), ": ", rich_text(section.brief, "dim"))
@@ -132,7 +132,7 @@ def render_run(
         _render_failure(summary, console)
         sections = sections_after(summary, run, analysis)
     for section in sections:
-        _render_section(section, console)
+        render_section(section, console)
     if summary is not None and not summary.full_report:
         return
     defs = figure_definitions(analysis) if definitions else []
