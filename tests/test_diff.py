@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests._spawn import clean_env, python_args, run, run_many
+from tests.test_html_report import CHROMIUM, render_in_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "diff_target.py"
@@ -153,6 +154,11 @@ def test_markdown_and_html_renderings(runs: dict[str, Path], tmp_path: Path) -> 
     data = html.split('id="diff-data">', 1)[1].split("</script>", 1)[0]
     chart = json.loads(data)
     assert [len(t["y"]) for t in chart["data"]] == [13, 13]
+    if CHROMIUM is not None:  # the page draws its chart offline, with no console error
+        dom, console = render_in_chromium(page, tmp_path / "profile")
+        assert not [c for c in console if "error" in c.lower() or "refused" in c.lower()]
+        assert 'id="diff-steps" class="chart' in dom or 'class="chart" id="diff-steps"' in dom
+        assert 'data-rendered="1"' in dom and 'class="main-svg"' in dom
 
 
 def test_bad_input_is_one_line_and_exit_2(runs: dict[str, Path], tmp_path: Path) -> None:
