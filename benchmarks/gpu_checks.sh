@@ -23,6 +23,8 @@
 #                 purpose (HOG_CUDA_GIB): exit code 1, run.json oom, an .oom.json snapshot
 #   stop          SIGTERM to a running CUDA `mgprof analyze`: exit 143, run.json `interrupted`,
 #                 no process of the run alive and none left on the GPU (benchmarks/stop_check.py)
+#   diff          `mgprof diff` of CUDA runs: a run against itself passes --fail-on 5% (exit 0),
+#                 a 32x wider model fails it (exit 1) with GEMM kernels in the attribution
 #   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +68,13 @@ check memory 180 env HOG_RANK=0 python3 -m mgprof analyze tests/scripts/memory_h
 check memory-oom 180 env HOG_RANK=0 HOG_OOM=1 HOG_CUDA_GIB=100000 python3 -m mgprof analyze \
   tests/scripts/memory_hog.py --gpus 1 --memory --out "$OUT/memory-oom" --quiet
 check stop 180 python3 benchmarks/stop_check.py --gpus 1 --after 20
+# shellcheck disable=SC2016
+check diff 240 bash -c 'set -x; o="$0"; s=tests/scripts/diff_target.py
+  python3 -m mgprof analyze $s --gpus 1 --quiet --out "$o/diff-base" || exit 3
+  python3 -m mgprof analyze $s --gpus 1 --quiet --out "$o/diff-big" -- --hidden 8192 || exit 3
+  python3 -m mgprof diff "$o"/diff-base/* "$o"/diff-base/* --fail-on 5% || exit 4
+  python3 -m mgprof diff "$o"/diff-base/* "$o"/diff-big/* --fail-on 5%; test $? -eq 1 || exit 5
+  python3 -m mgprof diff "$o"/diff-base/* "$o"/diff-big/* --json' "$OUT"
 if [ "$GPUS" -ge 2 ]; then
   check bandwidth 180 python3 -m mgprof doctor --bandwidth --gpus "$GPUS" --sizes 1M,64M --json
 else
@@ -77,5 +86,5 @@ else
   echo "fixtures: skipped (copy ../shared/gpu/capture_fixtures.py to .gpu/ and carry it)" >>"$SUMMARY"
 fi
 # keep what comes back small: traces of the runs are the bulk
-find "$OUT/runs" -name '*.pt.trace.json.gz' -size +2M -delete 2>/dev/null || true
+find "$OUT/runs" "$OUT"/diff-* -name '*.pt.trace.json.gz' -size +2M -delete 2>/dev/null || true
 cat "$SUMMARY"

@@ -30,11 +30,13 @@ def main() -> None:
         nn.Sequential(nn.Linear(128, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
     )
     batch = mgprof.batch_size(args.batch_size)
+    device = mgprof.device()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     with mgprof.profile(out=args.out, name="diff_target") as prof:
         for _ in range(args.steps):
-            x, y = torch.randn(batch, 128), torch.randint(0, 10, (batch,))
+            x = torch.randn(batch, 128, device=device)
+            y = torch.randint(0, 10, (batch,), device=device)
             with prof.step(batch_size=batch):
                 with mgprof.region("augment"):
                     x = x * 1.0
