@@ -1,15 +1,18 @@
-"""The Overview's own charts, above the shared sections: key figures, step time breakdown per
-traced step (compute, exposed communication, other device work, idle) and the tensor-core share
-of compute-kernel time per rank.
+"""The Overview's own charts, above the shared sections: key figures, the link to the run's
+timeline (every rank on one clock, for Perfetto), step time breakdown per traced step (compute,
+exposed communication, other device work, idle) and the tensor-core share of compute-kernel time
+per rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
+from mgprof.analyze.timeline import DEFAULT_NAME, clock_line, read_timeline_facts
 from mgprof.report.html_charts import layout
 from mgprof.report.html_text import esc
 from mgprof.report.html_view_model import Context, View, figure_spec, rounded
@@ -206,11 +209,59 @@ def cards_html(ctx: Context) -> str:
     return f'<dl class="cards">{items}</dl>'
 
 
+_TIMELINE_RANKS_LISTED = 16
+
+
+def _run_dir(ctx: Context) -> Path | None:
+    """The run directory, from where its traces were read (``<run>/traces/<file>``)."""
+    for summaries in ctx.summaries.values():
+        for summary in summaries:
+            source = summary.get("source")
+            if isinstance(source, str) and source and Path(source).parent.name == "traces":
+                return Path(source).parent.parent
+    return None
+
+
+def timeline_html(ctx: Context) -> str:
+    """A link to RUN/timeline.json.gz with each rank's clock offset, or, when the run has
+    traces but no timeline, the command that makes it (nothing for a run without traces)."""
+    run_dir = _run_dir(ctx)
+    if run_dir is None:
+        return ""
+    facts = read_timeline_facts(run_dir / DEFAULT_NAME)
+    if facts is None:
+        return (
+            '<p class="note">Timeline (every rank on one clock, for Perfetto): not made for this '
+            f"run; make it with <code>mgprof timeline {esc(str(run_dir))}</code>.</p>"
+        )
+    ranks = [r for r in facts.get("ranks") or [] if isinstance(r, dict)]
+    items = [
+        f"<li>rank {esc(r.get('rank'))}: {esc(clock_line(_dict(r.get('clock'))))}</li>"
+        for r in ranks[:_TIMELINE_RANKS_LISTED]
+    ]
+    if len(ranks) > _TIMELINE_RANKS_LISTED:
+        items.append(f"<li>and {len(ranks) - _TIMELINE_RANKS_LISTED} more (in its otherData)</li>")
+    offsets = (
+        f"Clock offsets onto rank {esc(facts.get('reference_rank'))} (added to each rank's "
+        f"timestamps):</p><ul>{''.join(items)}</ul>"
+        if items
+        else "</p>"
+    )
+    return (
+        f'<div class="timeline"><p><a href="{DEFAULT_NAME}">{DEFAULT_NAME}</a>: every rank on '
+        "one clock, as one Chrome/Perfetto trace; open it in ui.perfetto.dev (Open trace file) "
+        f"or chrome://tracing (Load). {offsets}</div>"
+    )
+
+
 def overview_view(ctx: Context) -> View:
-    """Key figures, step breakdown per traced step, tensor-core share (the shared sections, with
-    utilisation and findings, follow them: ``html_views``)."""
+    """Key figures, the timeline link, step breakdown per traced step, tensor-core share (the
+    shared sections, with utilisation and findings, follow them: ``html_views``)."""
     view = View("overview", "Overview")
     view.html(cards_html(ctx))
+    timeline = timeline_html(ctx)
+    if timeline:
+        view.html(timeline)
     breakdown = _breakdown_spec(ctx)
     view.chart("ov-step-breakdown", breakdown)
     if not breakdown:

@@ -2,8 +2,10 @@
 
 ``finalize`` merges what the ranks left in the run directory (the gathered run.json or per-rank
 partials) with what the launcher knows (exit code, torchrun's failure lines, the stderr tail) and
-writes run.json; ``_failure`` builds the line naming the rank that failed first, of what, and
-where its log is. The analysis and report files come after, in ``finish.py``.
+writes run.json, then the run's timeline (``write_timeline``: every rank on one clock, for
+Perfetto, which report.html links to); ``_failure`` builds the line naming the rank that failed
+first, of what, and where its log is. The analysis and report files come after, in
+``finish.py``.
 """
 
 from __future__ import annotations
@@ -111,7 +113,32 @@ def finalize(
             ),
             file=sys.stderr,
         )
+    else:
+        write_timeline(run_dir, run)
     return run
+
+
+def write_timeline(run_dir: Path, run: RunRecord) -> None:
+    """RUN/timeline.json.gz (every rank on one clock, ``mgprof timeline``), which report.html
+    links to, when the run has a trace. It fails open: whatever goes wrong is one warning line
+    and the run's result stands, since the timeline is a view derived from files that stay."""
+    if not any(r.traces for r in run.ranks):
+        return
+    try:
+        from mgprof.analyze.timeline import write_run_timeline
+
+        done = write_run_timeline(run_dir)
+    except Exception as exc:  # fail open: MemoryError, OSError, a bad trace, a bug
+        print(
+            printable(
+                f"mgprof: warning: no timeline.json.gz ({type(exc).__name__}: {exc}); make it "
+                f"with 'mgprof timeline {run_dir}'"
+            ),
+            file=sys.stderr,
+        )
+        return
+    if isinstance(done, str):
+        print(printable(f"mgprof: timeline.json.gz not written: {done}"), file=sys.stderr)
 
 
 def script_exit_code(code: int, exits: list[RankExit], errors: dict[int, str]) -> int:

@@ -1,0 +1,82 @@
+"""``mgprof timeline RUN``: every rank in one Chrome/Perfetto trace, on one clock."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mgprof.commands.trace import add_max_trace_size, trace_size_override
+from mgprof.errors import UsageError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "timeline",
+        help="every rank in one Chrome/Perfetto trace, clocks aligned across ranks",
+        description=(
+            "Merge one job's traces into one Chrome/Perfetto JSON: each rank is a process "
+            "(host threads and device streams as its threads), every rank's clock moved onto "
+            "the lowest rank's by offsets estimated from matched collectives (else the recorded "
+            "clock base). The offsets and their error are printed and written into the file's "
+            "otherData. Open the file in https://ui.perfetto.dev or chrome://tracing."
+        ),
+    )
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="RUN",
+        help="a run directory made by 'mgprof analyze', a folder of one job's torch.profiler "
+        "traces, or trace files",
+    )
+    p.add_argument(
+        "--steps",
+        metavar="A:B",
+        help="keep ProfilerStep#A to #B, both included (also A, A: or :B), and the device work "
+        "those steps launched",
+    )
+    p.add_argument(
+        "--min-dur",
+        type=float,
+        metavar="US",
+        help="leave out complete events shorter than US microseconds (keeps large jobs loadable)",
+    )
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="output .json or .json.gz (default: RUN/timeline.json.gz for a run directory, "
+        "./timeline.json.gz otherwise)",
+    )
+    p.add_argument("--force", action="store_true", help="let --out replace an existing file")
+    add_max_trace_size(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mgprof.analyze.timeline import (
+        build_timeline,
+        check_min_dur,
+        choose_out,
+        find_inputs,
+        parse_steps,
+        summary_lines,
+    )
+    from mgprof.report.safe_text import printable
+    from mgprof.safe_read import check_out_path
+
+    steps = parse_steps(args.steps) if args.steps is not None else None
+    check_min_dur(args.min_dur)
+    out, derived = choose_out(args.paths, args.out)
+    force = args.force or derived
+    check_out_path(out, force=force)
+    inputs = find_inputs(args.paths)
+    check_out_path(out, force=force, inputs=[*inputs.files, *args.paths])
+    with trace_size_override(getattr(args, "max_trace_size", None)):
+        try:
+            result = build_timeline(inputs, out, steps=steps, min_dur_us=args.min_dur)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write {out}: {exc.strerror or exc}; choose another --out"
+            ) from None
+    for line in summary_lines(result):
+        print(printable(line))
+    return 0
