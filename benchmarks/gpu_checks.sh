@@ -25,6 +25,8 @@
 #                 no process of the run alive and none left on the GPU (benchmarks/stop_check.py)
 #   diff          `mgprof diff` of CUDA runs: a run against itself passes --fail-on 5% (exit 0),
 #                 a 32x wider model fails it (exit 1) with GEMM kernels in the attribution
+#   timeline      `mgprof timeline` of the CUDA analyze run: valid Chrome JSON, device streams as
+#                 their own threads, the clock method and offsets it printed
 #   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +70,12 @@ check memory 180 env HOG_RANK=0 python3 -m mgprof analyze tests/scripts/memory_h
 check memory-oom 180 env HOG_RANK=0 HOG_OOM=1 HOG_CUDA_GIB=100000 python3 -m mgprof analyze \
   tests/scripts/memory_hog.py --gpus 1 --memory --out "$OUT/memory-oom" --quiet
 check stop 180 python3 benchmarks/stop_check.py --gpus 1 --after 20
+# shellcheck disable=SC2016
+check timeline 120 bash -c 'r=$(ls -d "$0"/runs/*plain_loop* | head -1) && python3 -m mgprof timeline "$r" &&
+  python3 -c "import gzip, json, sys; d = json.load(gzip.open(sys.argv[1])); ev = d[\"traceEvents\"];
+bad = [e for e in ev if e.get(\"ph\") == \"X\" and not (isinstance(e.get(\"ts\"), (int, float)) and \"pid\" in e and \"tid\" in e)];
+names = sorted({e[\"args\"][\"name\"] for e in ev if e.get(\"name\") == \"thread_name\"});
+print(len(ev), \"events;\", len(bad), \"bad;\", names); sys.exit(1 if bad else 0)" "$r/timeline.json.gz"' "$OUT"
 # shellcheck disable=SC2016
 check diff 240 bash -c 'set -x; o="$0"; s=tests/scripts/diff_target.py
   python3 -m mgprof analyze $s --gpus 1 --quiet --out "$o/diff-base" || exit 3
