@@ -172,6 +172,43 @@ class AutoWrapRecord(Struct):
     """Why nothing was wrapped (the script wraps itself, no optimizer, ...)."""
 
 
+class NoiseScaleRecord(Struct):
+    """One rank's gradient norms for the gradient noise scale (McCandlish et al. 2018, App. A.1).
+
+    Per measured step (columnar, one list per field, like ``DeviceSamples``): the squared norm of
+    this rank's own gradient before averaging (``local_sq``) and of the gradient after it
+    (``avg_sq``), and the samples this rank put into the step. The analysis combines the ranks
+    per step (``mgprof.analyze.noise_scale``); nothing here is an estimate yet.
+    """
+
+    version: int = 1
+    """Layout of this record; bumped when a field changes meaning."""
+    source: Literal["ddp", "accumulation"] | None = None
+    """``ddp``: mgprof's DDP comm hook saw each rank's gradient before and after the all-reduce;
+    ``accumulation``: one process, the first micro-batch's gradient against the accumulated one.
+    None: nothing was measured (``reason`` says why)."""
+    reason: str | None = None
+    """Why the norms were not measured on this rank (one rank and no accumulation, a comm hook
+    of the script's own, a DDP model the script built itself, turned off)."""
+    group_size: int = 1
+    """Ranks whose gradients were averaged (``ddp``); 1 for ``accumulation``."""
+    index: list[int] = msgspec.field(default_factory=list)
+    """Step index of each measurement (the ``StepRecord.index`` it belongs to)."""
+    local_sq: list[float] = msgspec.field(default_factory=list)
+    """|g_local|^2: this rank's gradient before averaging (``accumulation``: the first
+    micro-batch's), summed over all buckets, computed in fp32."""
+    avg_sq: list[float] = msgspec.field(default_factory=list)
+    """|g_avg|^2: the gradient DDP averaged over the ranks (``accumulation``: the accumulated
+    gradient divided by the micro-batches)."""
+    batch_size: list[int | None] = msgspec.field(default_factory=list)
+    """Samples this rank put into the step's update (all micro-batches), when known."""
+    micro_batches: list[int] = msgspec.field(default_factory=list)
+    """Backward passes the accumulated gradient spans (``accumulation``); 1 under DDP, whose
+    local gradient is the rank's whole update."""
+    dropped: dict[str, int] = msgspec.field(default_factory=dict)
+    """Steps left out, by reason (two gradient syncs in one step, a non-finite norm, ...)."""
+
+
 class RankRecord(Struct):
     """Everything one rank measured."""
 
@@ -198,6 +235,9 @@ class RankRecord(Struct):
     warnings: list[str] = msgspec.field(default_factory=list)
     """Fail-open notes: what broke inside mgprof while the training went on."""
     error: str | None = None
+    noise_scale: NoiseScaleRecord | None = None
+    """Gradient norms for the gradient noise scale; None in runs recorded before mgprof
+    measured them."""
 
 
 class RankExit(Struct):

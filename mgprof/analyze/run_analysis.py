@@ -1,5 +1,6 @@
 """Figures for one saved run: step time, throughput, utilisation, MFU, energy, communication,
-memory headroom, data loading, slow ranks and identical batches.
+memory headroom, data loading, slow ranks, identical batches and the gradient noise scale
+(``noise_scale``).
 
 Pure: a ``RunRecord`` (and the trace files beside it) in, a plain JSON-ready dict out. Every figure
 that cannot be computed is None with its reason in a ``not_applicable`` dict, and every figure's
@@ -21,6 +22,8 @@ from typing import Any
 import msgspec
 
 from mgprof.analyze.device_peaks import device_peak_tflops
+from mgprof.analyze.noise_scale import DEFINITIONS as NOISE_DEFINITIONS
+from mgprof.analyze.noise_scale import noise_scale_analysis
 from mgprof.analyze.run_job_figures import job_analysis
 from mgprof.analyze.run_memory import memory_analysis
 from mgprof.analyze.run_rank_figures import analyze_rank
@@ -80,8 +83,9 @@ def analyze_run(
             "ranks": {str(rank): summaries for rank, summaries in sorted(traces.per_rank.items())},
             "job": traces.job,
         },
-        "definitions": dict(DEFINITIONS),
+        "definitions": {**DEFINITIONS, **NOISE_DEFINITIONS},
         "warnings": traces.warnings,
+        "noise_scale": noise_scale_analysis(run),
     }
     memory = memory_analysis(run, run_dir)
     if memory is not None:

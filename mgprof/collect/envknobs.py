@@ -1,4 +1,5 @@
-"""Integer settings a launcher passes to the script through the environment (no torch import)."""
+"""Settings a launcher (or the user) passes to the script through the environment (no torch
+import): integers, and the noise-scale switch."""
 
 from __future__ import annotations
 
@@ -6,6 +7,16 @@ import os
 
 MEMORY_ENV = "MGPROF_MEMORY"
 """Set to 1 by ``--memory``: every session of the script tracks memory."""
+
+NOISE_SCALE_ENV = "MGPROF_NOISE_SCALE"
+"""``1`` records the gradient norms behind the gradient noise scale (docs/noise-scale.md). Off by
+default: on 2 CPU ranks the norms (and mgprof's comm hook) cost 3-16 % of a DDP step
+(benchmarks/bench_noise_scale.py, docs/benchmarks.md), above the 1 % a default may cost."""
+
+
+def noise_scale_enabled() -> bool:
+    """Whether mgprof records the gradient norms for the noise scale in this process."""
+    return os.environ.get(NOISE_SCALE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def positive_int_env(name: str, default: int, *, blank_is_default: bool = False) -> int:

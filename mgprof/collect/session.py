@@ -30,6 +30,7 @@ import torch
 
 from mgprof.analyze.sweep_trials import is_oom_error
 from mgprof.collect import hooks, step_timer
+from mgprof.collect import noise_scale as _noise
 from mgprof.collect.batchinfo import PendingFingerprint, batch_size_of, fingerprint
 from mgprof.collect.delivery import DeliveryMixin
 from mgprof.collect.device_facts import cuda_indices_in_use as _cuda_indices_in_use
@@ -227,6 +228,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
                 self._memory = history
         with self.failopen.guard("hooks"):
             hooks.install(self)
+        with self.failopen.guard("noise scale"):
+            _noise.recorder.session_started(self._info.world_size)
         if self.sample:
             with self.failopen.guard("sampler"):
                 from mgprof.collect.sampler import start_sampler
@@ -320,7 +323,7 @@ class Session(StepRecordsMixin, DeliveryMixin):
             fp = None
             if batch is not None and self._step_index + len(self._steps) < FINGERPRINT_STEPS:
                 fp = fingerprint(batch)
-            handle = StepHandle(self, mark, size, fp)
+            handle = StepHandle(self, mark, size, fp, _noise.recorder.mark())
             if self._mode == "call":
                 self._close(self._boundary_or(mark), mark, handle)
             elif self._mode is None:
@@ -352,6 +355,7 @@ class Session(StepRecordsMixin, DeliveryMixin):
         if self._mode != "ctx" or not self._running:
             return
         with self.failopen.guard("step"):
+            handle.syncs = _noise.recorder.mark()
             self._close(handle.mark, self._clock.mark(), handle)
 
     def _close(self, start: Mark, end: Mark, handle: StepHandle) -> None:
@@ -363,6 +367,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
             )
         )
         self._boundary = end
+        with self.failopen.guard("noise scale"):
+            _noise.recorder.step_closed(self._steps[-1].index, handle.batch_size, handle.syncs)
         if self._memory is not None:
             with self.failopen.guard("memory history"):
                 self._memory.step_ended(self._step_index + len(self._steps) - 1)
@@ -401,7 +407,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
         try:
             mark = self._clock.mark()
             self._mode = "call"
-            self._close(self._boundary_or(mark), mark, StepHandle(self, mark, size, fp))
+            handle = StepHandle(self, mark, size, fp, _noise.recorder.mark())
+            self._close(self._boundary_or(mark), mark, handle)
         except Exception as exc:
             self.failopen.report("step", exc)
 
@@ -470,6 +477,10 @@ class Session(StepRecordsMixin, DeliveryMixin):
                 if self.memory:
                     self._memory_facts(memory, error)
             self.record = self._build_record(sampler_record, memory, error)
+            with self.failopen.guard("noise scale"):
+                self.record.noise_scale = _noise.recorder.session_stopped(
+                    self.record.world_size, self.record.training.ddp_sync_forwards
+                )
             run = self._deliver(self.record)
             if run is not None:
                 run = report_run(

@@ -40,16 +40,24 @@ class PendingStep:
 class StepHandle:
     """Returned by ``Session.step``: a boundary when called, a timed block when used in ``with``."""
 
-    __slots__ = ("_session", "batch_size", "entered", "fp", "mark")
+    __slots__ = ("_session", "batch_size", "entered", "fp", "mark", "syncs")
 
     def __init__(
-        self, session: Session, mark: Mark, batch_size: int | None, fp: PendingFingerprint | None
+        self,
+        session: Session,
+        mark: Mark,
+        batch_size: int | None,
+        fp: PendingFingerprint | None,
+        syncs: int = 0,
     ) -> None:
         self._session = session
         self.mark = mark
         self.batch_size = batch_size
         self.fp = fp
         self.entered = False
+        self.syncs = syncs
+        """Gradient syncs finished at this step's end boundary (``collect.noise_scale``): the
+        step owns those after the previous step's."""
 
     def __enter__(self) -> StepHandle:
         self.entered = True

@@ -148,21 +148,39 @@ def wrap(
             ddp = DistributedDataParallel(model.to(dev), device_ids=ids, **ddp_kwargs)
         else:
             ddp = DistributedDataParallel(model, **ddp_kwargs)
-        enable_sync_ab(ddp)
+        enable_sync_ab(ddp, lazy=True)
         return ddp
     return model.to(device())
 
 
-def enable_sync_ab(ddp: nn.Module) -> None:
-    """Give a DDP model mgprof made (``wrap`` or auto-wrap) the switchable all-reduce that
-    ``mgprof compare``'s no-sync A/B turns off; nothing unless compare asked for the A/B."""
-    if not _nosync_requested():
+def enable_sync_ab(ddp: nn.Module, *, lazy: bool = False) -> None:
+    """Give a DDP model mgprof made (``wrap`` or auto-wrap) mgprof's comm hook: DDP's averaging
+    all-reduce, plus the gradient norms behind the noise scale (``collect.noise_scale``, with
+    ``MGPROF_NOISE_SCALE=1``), switchable off for ``mgprof compare``'s no-sync A/B.
+
+    ``lazy``: a model handed back to the script (``mgprof.wrap``) gets the hook at its first
+    forward, so a comm hook the script registers itself before training still wins; compare's
+    A/B needs its hook at once, as before. Nothing is installed when neither is wanted.
+    """
+    from mgprof.collect import noise_scale
+
+    ab = _nosync_requested()
+    record = noise_scale.enabled()
+    if not ab and not record:
         return
     try:
-        ddp.register_comm_hook(None, _switchable_allreduce)  # type: ignore[operator]
-        _switchable.append(weakref.ref(ddp))
-    except Exception as exc:  # fail open: no A/B, the training runs as usual
-        report("sync A/B disabled", exc)
+        if lazy and not ab:
+            noise_scale.install_at_first_forward(ddp, _switchable_allreduce)
+            return
+        state = noise_scale.install(ddp, _switchable_allreduce, record=record)
+        if state is None and not ab:
+            return  # no norms on this model: DDP's built-in averaging stays
+        if state is None:  # the A/B's hook as before: torch's allreduce_hook
+            ddp.register_comm_hook(None, _torch_allreduce)  # type: ignore[operator]
+        if ab:
+            _switchable.append(weakref.ref(ddp))
+    except Exception as exc:  # fail open: no A/B and no norms, the training runs as usual
+        report("sync A/B disabled" if ab else "noise scale", exc)
 
 
 def _nosync_requested() -> bool:
@@ -174,12 +192,27 @@ def _nosync_requested() -> bool:
 
 
 def _switchable_allreduce(state, bucket):  # type: ignore[no-untyped-def]
-    """DDP comm hook: the standard averaging all-reduce, or, while the A/B's "B" steps run, the
-    local gradient unchanged (a completed future) so the step pays no communication at all.
+    """DDP comm hook: DDP's own averaging all-reduce (with the noise-scale norms when the state
+    records them), or, while the A/B's "B" steps run, the local gradient unchanged (a completed
+    future) so the step pays no communication at all.
 
     Unannotated on purpose: DDP rejects a hook whose annotations are not the real
     ``dist.GradBucket``/``Future`` classes, and this module's annotations are strings.
     """
+    if _skip_grad_sync:
+        if bucket.is_last() and hasattr(state, "samples"):
+            state.samples = 0  # a skipped sync measures nothing: its forwards start over
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    from mgprof.collect.noise_scale import averaging_allreduce
+
+    return averaging_allreduce(state, bucket)
+
+
+def _torch_allreduce(state, bucket):  # type: ignore[no-untyped-def]
+    """The A/B's hook where mgprof's averaging cannot match DDP's bit for bit (see
+    ``collect.noise_scale``): torch's ``allreduce_hook``, as before the norms existed."""
     if _skip_grad_sync:
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(bucket.buffer())

@@ -243,8 +243,13 @@ def _points(raw: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def _sweep_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Samples/s (and memory) per batch; with a noise scale in the sweep, B_simple (its band
+    shaded) as a vertical line at its per-device equivalent, the hardware knee and the batch
+    recommended with both marked, so the two limits are read on one chart."""
     data: list[dict[str, Any]] = []
+    all_pts: list[dict[str, Any]] = []
     for name, pts in sweep_series(analysis):
+        all_pts.extend(pts)
         xs = [_num(p.get("batch_size")) for p in pts]
         data.append(
             {
@@ -270,6 +275,7 @@ def _sweep_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
             )
     if not data:
         return None
+    data.extend(_noise_traces(_dict(analysis.get("sweep")), all_pts))
     layout = _layout("Batch-size sweep", "batch size per device", "samples/s")
     layout["xaxis"] = {"title": {"text": "batch size per device"}, "type": "log"}
     layout["yaxis2"] = {
@@ -279,6 +285,76 @@ def _sweep_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
         "rangemode": "tozero",
     }
     return {"data": data, "layout": layout}
+
+
+def _noise_traces(sweep: Mapping[str, Any], pts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """B_simple and its band at the per-device batch whose global batch equals them (global =
+    per-device x devices x accumulation, read off the points), the knee and the recommendation."""
+    ns = _dict(sweep.get("noise_scale"))
+    est = _dict(ns.get("estimate"))
+    b_simple = _num(est.get("b_simple"))
+    rates = [
+        (b, r)
+        for p in pts
+        if (b := _num(p.get("batch_size"))) and (r := _num(p.get("samples_per_s"))) is not None
+    ]
+    factors = [
+        g / b
+        for p in pts
+        if (g := _num(p.get("global_batch"))) and (b := _num(p.get("batch_size")))
+    ]
+    if b_simple is None or not rates or not factors:
+        return []
+    factor = factors[0]
+    top = max(r for _, r in rates) * 1.05
+    out: list[dict[str, Any]] = []
+    low, high = _num(est.get("band_low")), _num(est.get("band_high"))
+    if low is not None and high is not None and high > low:
+        # a band reaching 0 would stretch the log axis to nothing: start it below the points
+        lo = max(low / factor, min(b for b, _ in rates) / 4)
+        hi = max(high / factor, lo)
+        out.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "fill": "toself",
+                "opacity": 0.15,
+                "line": {"width": 0},
+                "hoverinfo": "skip",
+                "name": "B_simple 95 % band",
+                "x": [lo, hi, hi, lo, lo],
+                "y": [0, 0, top, top, 0],
+            }
+        )
+    x = b_simple / factor
+    out.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "line": {"dash": "dash"},
+            "name": _label(f"B_simple ≈ {b_simple:,.0f} (global), per device"),
+            "x": [x, x],
+            "y": [0, top],
+        }
+    )
+    by_batch = dict(rates)
+    for key, label, symbol in (
+        ("knee_batch", "hardware knee (sweet spot)", "diamond"),
+        ("recommended_batch", "recommended (knee and B_simple)", "star"),
+    ):
+        batch = _num(ns.get(key))
+        if batch is not None and batch in by_batch:
+            out.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "marker": {"size": 14, "symbol": symbol},
+                    "name": label,
+                    "x": [batch],
+                    "y": [by_batch[batch]],
+                }
+            )
+    return out
 
 
 def chart_figures(run: RunRecord, analysis: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -30,6 +30,7 @@ from mgprof.report.run_figures import (
 )
 from mgprof.report.run_idle import idle_section
 from mgprof.report.run_memory_profile import memory_profile_section
+from mgprof.report.run_noise_scale import noise_scale_section
 from mgprof.report.run_regions import regions_section
 from mgprof.report.run_setup import setup_section
 from mgprof.report.section_model import Section, Table
@@ -39,7 +40,8 @@ __all__ = ["TOP_KERNELS", "Section", "Table", "build_sections", "definitions"]
 
 def build_sections(run: RunRecord, analysis: Mapping[str, Any]) -> list[Section]:
     """Every section of the run report, in reading order; Regions, GPU idle and Top kernels
-    only when the run has what they show (regions, GPU traces)."""
+    only when the run has what they show (regions, GPU traces), Gradient noise scale when the
+    analysis has its figures (measured, or n/a with the reason)."""
     optional: list[Section | None] = [
         setup_section(run, analysis),
         step_time_section(analysis),
@@ -48,6 +50,7 @@ def build_sections(run: RunRecord, analysis: Mapping[str, Any]) -> list[Section]
         idle_section(analysis),
         energy_section(analysis),
         communication_section(analysis),
+        noise_scale_section(analysis),
         memory_section(analysis),
         memory_profile_section(analysis),
         data_loading_section(analysis),

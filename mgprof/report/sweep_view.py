@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from mgprof.analyze.noise_scale import SweepNoiseScale, pooled_steps_note
 from mgprof.analyze.sweep import SweepResult, Trial
 from mgprof.report.safe_text import json_text, md_text, printable, rich_text
 from mgprof.report.term_table import Col, print_fitted
@@ -29,7 +30,9 @@ COLUMNS = (
     "exposed %",
     "",
 )
-"""batch: per device; samples/s: job total; mem: the sweep's memory figure; last: the verdicts."""
+"""batch: per device; samples/s: job total; mem: the sweep's memory figure; last: the verdicts.
+With the noise scale measured, ``columns`` adds the trial's own B_simple and the time to a given
+loss relative to the recommended batch."""
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -59,28 +62,54 @@ def _marks(result: SweepResult, batch: int) -> str:
     return ", ".join(marks)
 
 
+def _noise(result: SweepResult) -> SweepNoiseScale | None:
+    """The sweep's noise-scale figures (a ``NoiseSweepResult``), None for an older sweep.json."""
+    ns = getattr(result, "noise_scale", None)
+    return ns if isinstance(ns, SweepNoiseScale) else None
+
+
+def columns(result: SweepResult) -> tuple[str, ...]:
+    """``COLUMNS``, with the trials' own B_simple and the time to a given loss (the recommended
+    batch = 1.00) before the verdicts when the sweep measured the noise scale."""
+    ns = _noise(result)
+    if ns is None or ns.estimate is None:
+        return COLUMNS
+    return (*COLUMNS[:-1], "B_simple", "time to loss", COLUMNS[-1])
+
+
+def _noise_cells(ns: SweepNoiseScale, batch: int, ran: bool) -> list[str]:
+    own = next((t for t in ns.trials if t.batch_size == batch), None)
+    b_simple = _num(own.b_simple, 0) if own is not None and ran else ""
+    rel = ns.time_to_target.get(str(batch)) if ran else None
+    return [b_simple, f"{rel:.2f}" if rel is not None else ("n/a" if ran else "")]
+
+
 def rows(result: SweepResult) -> list[list[str]]:
     """The table rows (one per trial, skipped ones included), in batch order."""
     out = []
+    ns = _noise(result)
+    with_noise = ns is not None and ns.estimate is not None
     for t in sorted(result.trials, key=lambda t: (t.batch_size, t.status)):
         status = t.status.upper() if t.status != "ok" else "ok"
         memory = t.peak_memory_mib if t.status != "skipped" else t.predicted_memory_mib
         mark = _marks(result, t.batch_size) if t.status == "ok" else ""
         mem_text = _num(memory) + ("?" if t.status == "skipped" else "")
-        out.append(
-            [
-                str(t.batch_size),
-                str(t.global_batch) if t.global_batch else "n/a",
-                status,
-                _num(t.samples_per_s),
-                _num(t.samples_per_s_per_device),
-                _num(t.step_time_ms, 2),
-                mem_text,
-                _num(t.comm_pct),
-                _num(t.exposed_comm_pct),
-                mark,
-            ]
-        )
+        row = [
+            str(t.batch_size),
+            str(t.global_batch) if t.global_batch else "n/a",
+            status,
+            _num(t.samples_per_s),
+            _num(t.samples_per_s_per_device),
+            _num(t.step_time_ms, 2),
+            mem_text,
+            _num(t.comm_pct),
+            _num(t.exposed_comm_pct),
+        ]
+        if ns is not None and with_noise:
+            row += _noise_cells(ns, t.batch_size, t.status == "ok")
+            if t.status == "ok" and t.batch_size == ns.recommended_batch:
+                mark = ", ".join(m for m in (mark, "recommended") if m)
+        out.append([*row, mark])
     return out
 
 
@@ -122,9 +151,56 @@ def facts(result: SweepResult) -> list[tuple[str, str]]:
         out.append(("fixed global batch", f"{result.fixed_global_batch} (gradient accumulation)"))
     if result.comm_trend:
         out.append(("communication", result.comm_trend))
+    out += noise_facts(result)
     if result.sweep_dir:
         out.append(("sweep directory", result.sweep_dir))
     return out
+
+
+def noise_facts(result: SweepResult) -> list[tuple[str, str]]:
+    """B_simple beside the knee, and the batch recommended with both (none for an old sweep)."""
+    ns = _noise(result)
+    if ns is None:
+        return []
+    est = ns.estimate
+    if est is None or est.b_simple is None:
+        why = (est.reason if est is not None else None) or ns.reason or "not measured"
+        return [("gradient noise scale", f"n/a: {why}")]
+    band = ""
+    if est.band_low is not None:
+        top = "∞" if est.band_high is None else f"{est.band_high:,.0f}"
+        band = f" (95 % band {est.band_low:,.0f}–{top})"
+    out = [
+        (
+            "gradient noise scale",
+            f"B_simple ≈ {est.b_simple:,.0f}{band}, global batch; {pooled_steps_note(ns.trials)}",
+        )
+    ]
+    if ns.knee_global_batch is not None:
+        out.append(
+            (
+                "knee vs B_simple",
+                f"sweet spot's global batch {ns.knee_global_batch} = "
+                f"{ns.knee_global_batch / est.b_simple:.2g}x B_simple",
+            )
+        )
+    out.append(("recommendation", ns.recommendation or f"n/a: {ns.reason or 'no fitted trial'}"))
+    return out
+
+
+NOISE_CAVEAT = (
+    "B_simple (McCandlish et al. 2018) is measured over the trials' few steps, early in "
+    "training, where it is usually smallest; it grows as the loss falls, depends on the "
+    "optimizer (Adam vs SGD) and estimates the critical batch rather than guaranteeing it. "
+    "The recommendation assumes the learning rate is retuned for each batch "
+    "(time to a given loss ∝ (global batch + B_simple) / samples/s)."
+)
+
+
+def _caveats(result: SweepResult) -> list[str]:
+    ns = _noise(result)
+    extra = [NOISE_CAVEAT] if ns is not None and ns.estimate is not None else []
+    return [*result.caveats, *extra]
 
 
 def _batch(result: SweepResult, batch: int | None) -> str:
@@ -147,15 +223,16 @@ def render_sweep(result: SweepResult, console: Console) -> None:
     for key, value in facts(result):
         grid.add_row(rich_text(key), rich_text(value, multiline=True))
     console.print(grid)
-    columns = [Col(col, numeric=i not in (2, 9)) for i, col in enumerate(COLUMNS)]
+    names = columns(result)
+    cols = [Col(col, numeric=i not in (2, len(names) - 1)) for i, col in enumerate(names)]
     cells = [
         [rich_text(c, style="dim" if c.startswith("n/a") else "") for c in row]
         for row in rows(result)
     ]
-    print_fitted(console, columns, cells)
+    print_fitted(console, cols, cells)
     if any(t.status == "skipped" for t in result.trials):
         console.print(Text("mem? = predicted by the memory model; the size was not run", "dim"))
-    for note in result.caveats:
+    for note in _caveats(result):
         console.print(Text("note: ", style="yellow").append(rich_text(note, multiline=True)))
 
 
@@ -163,12 +240,14 @@ def sweep_to_markdown(result: SweepResult) -> str:
     """The same content as the terminal view, as GitHub Markdown."""
     lines = [f"# Batch-size sweep: {md_text(result.script or '')}", ""]
     lines += [f"- **{md_text(k)}**: {md_text(v)}" for k, v in facts(result)]
-    lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    names = columns(result)
+    lines += ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     lines += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows(result)]
     if any(t.status == "skipped" for t in result.trials):
         lines += ["", "mem? = predicted by the memory model; the size was not run."]
-    if result.caveats:
-        lines += ["", "## Caveats", ""] + [f"- {md_text(n)}" for n in result.caveats]
+    notes = _caveats(result)
+    if notes:
+        lines += ["", "## Caveats", ""] + [f"- {md_text(n)}" for n in notes]
     return "\n".join(lines) + "\n"
 
 

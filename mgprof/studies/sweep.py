@@ -11,6 +11,10 @@ Memory per trial: on CUDA the caching allocator's peak reserved memory against t
 "what it maps after importing torch + budget" (``mgprof.run.bootstrap``), so the budget is the
 capacity and the memory used is the peak RSS growth over that moment: peak RSS minus the RSS of
 a probe process that does what the bootstrap does before the cap (import torch, install hooks).
+
+The result is a ``NoiseSweepResult``: with ``MGPROF_NOISE_SCALE=1`` every trial records the
+gradient norms, and ``noise_scale`` pools them into B_simple beside the hardware knee, with the
+batch that reaches a given loss soonest (``mgprof.analyze.noise_scale.sweep_noise_scale``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ from typing import Any
 import msgspec
 
 from mgprof import rundir
+from mgprof.analyze.noise_scale import (
+    NoiseSweepResult,
+    StepNoise,
+    step_estimates,
+    sweep_noise_scale,
+)
 from mgprof.analyze.sweep import (
     BATCH_NOT_APPLIED,
     DEFAULT_MARGIN,
@@ -120,6 +130,7 @@ def sweep(
 
 
 def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> SweepResult:
+    """Run the trials; the result is a ``NoiseSweepResult`` (the noise scale beside the knee)."""
     from mgprof.run.launcher import LaunchConfig, plan
 
     base = LaunchConfig(
@@ -175,6 +186,7 @@ def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> Swe
         capacity_source=capacity_source,
     )
     result = header
+    noise: dict[int, tuple[list[StepNoise], str | None]] = {}
     while (b := planner.next_size()) is not None:
         accum = 1
         if config.global_batch is not None:
@@ -189,7 +201,8 @@ def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> Swe
             if planner.capacity_mib is not None:
                 capacity_source = "CUDA device total memory (smallest over ranks)"
         planner.record(trial)
-        result = _result(header, planner, capacity_source)
+        noise[b] = trial_noise(launched[1])
+        result = _result(header, planner, capacity_source, noise)
         write_sweep(sweep_dir, result)
         if on_trial is not None:
             on_trial(trial)
@@ -198,17 +211,30 @@ def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> Swe
             raise UsageError(
                 f"cannot sweep {config.script.name}: {trial.error} (trial kept in {sweep_dir})"
             )
-    result = _result(header, planner, capacity_source)
+    result = _result(header, planner, capacity_source, noise)
     write_sweep(sweep_dir, result)
     return result
 
 
-def _result(header: SweepResult, planner: SweepPlanner, capacity_source: str | None) -> SweepResult:
+def trial_noise(run: RunRecord) -> tuple[list[StepNoise], str | None]:
+    """A trial's per-step noise-scale estimates, or why it has none."""
+    steps, inputs = step_estimates(run)
+    if steps:
+        return steps, None
+    return [], "; ".join(inputs.reasons) or "no gradient norms recorded"
+
+
+def _result(
+    header: SweepResult,
+    planner: SweepPlanner,
+    capacity_source: str | None,
+    noise: dict[int, tuple[list[StepNoise], str | None]] | None = None,
+) -> NoiseSweepResult:
     summary = summarize(
         planner.trials, planner.capacity_mib, planner.margin, stop_reason=planner.stop_reason
     )
     # The answer's fields come from summarize; the run's facts from the header.
-    return msgspec.structs.replace(
+    answer = msgspec.structs.replace(
         summary,
         script=header.script,
         sweep_dir=header.sweep_dir,
@@ -221,6 +247,10 @@ def _result(header: SweepResult, planner: SweepPlanner, capacity_source: str | N
         capacity_source=capacity_source,
         caveats=summary.caveats if header.fixed_global_batch is None else summary.caveats[:-1],
     )
+    with_noise = NoiseSweepResult(**msgspec.structs.asdict(answer))
+    # the hardware knee and B_simple side by side, and the batch that weighs both
+    with_noise.noise_scale = sweep_noise_scale(answer, noise or {})
+    return with_noise
 
 
 def _run_trial(
@@ -426,8 +456,9 @@ def write_sweep(sweep_dir: Path, result: SweepResult) -> Path:
     )
 
 
-def read_sweep(path: str | os.PathLike[str]) -> SweepResult:
-    """Load ``sweep.json`` (or the one inside a sweep directory); bad files are UsageErrors."""
+def read_sweep(path: str | os.PathLike[str]) -> NoiseSweepResult:
+    """Load ``sweep.json`` (or the one inside a sweep directory); bad files are UsageErrors.
+    A sweep.json written before the noise scale loads with ``noise_scale`` None."""
     p = Path(path)
     if p.is_dir():
         p = p / SWEEP_JSON
@@ -451,6 +482,6 @@ def read_sweep(path: str | os.PathLike[str]) -> SweepResult:
             f"({SWEEP_SCHEMA_VERSION}); upgrade with 'pip install -U mgprof'"
         )
     try:
-        return msgspec.convert(head, SweepResult)
+        return msgspec.convert(head, NoiseSweepResult)
     except msgspec.ValidationError as exc:
         raise UsageError(f"{p} does not match the sweep.json schema: {exc}") from None
