@@ -27,6 +27,8 @@
 #                 a 32x wider model fails it (exit 1) with GEMM kernels in the attribution
 #   timeline      `mgprof timeline` of the CUDA analyze run: valid Chrome JSON, device streams as
 #                 their own threads, the clock method and offsets it printed
+#   noise-scale   the gradient-norm cost per CUDA DDP step (target < 1 %; 3-16 % on CPU) and a
+#                 CUDA `mgprof analyze --noise-scale` with B_simple in its report
 #   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +72,9 @@ check memory 180 env HOG_RANK=0 python3 -m mgprof analyze tests/scripts/memory_h
 check memory-oom 180 env HOG_RANK=0 HOG_OOM=1 HOG_CUDA_GIB=100000 python3 -m mgprof analyze \
   tests/scripts/memory_hog.py --gpus 1 --memory --out "$OUT/memory-oom" --quiet
 check stop 180 python3 benchmarks/stop_check.py --gpus 1 --after 20
+check noise-scale-cost 180 python3 benchmarks/bench_noise_scale.py --device cuda
+check noise-scale 180 python3 -m mgprof analyze tests/scripts/diff_target.py --gpus "$GPUS" \
+  --noise-scale --out "$OUT/runs" --quiet -- --steps 30
 # shellcheck disable=SC2016
 check timeline 120 bash -c 'r=$(ls -d "$0"/runs/*plain_loop* | head -1) && python3 -m mgprof timeline "$r" &&
   python3 -c "import gzip, json, sys; d = json.load(gzip.open(sys.argv[1])); ev = d[\"traceEvents\"];

@@ -22,6 +22,7 @@ _EXPORTS = {
     "batch_size": "mgprof.collect.wrap",
     "find_sweet_spot": "mgprof.studies.sweet_spot",
     "accumulation_steps": "mgprof.collect.accum",
+    "noise_scale": "mgprof.collect.noise_scale",
     "RunRecord": "mgprof.records",
     "RankRecord": "mgprof.records",
     "read_run": "mgprof.records",

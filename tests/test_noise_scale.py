@@ -405,3 +405,31 @@ def test_env_knob_names_are_documented() -> None:
 
     doc = (Path(__file__).parents[1] / "docs" / "noise-scale.md").read_text()
     assert NOISE_SCALE_ENV in doc and "mgprof.noise_scale()" in doc
+
+
+@pytest.mark.slow
+def test_the_noise_scale_flag_turns_it_on_from_the_cli(tmp_path: Path) -> None:
+    """``mgprof analyze --noise-scale`` on an unmodified DDP script: every step's norms on both
+    ranks, and a B_simple with its band in run.json; without the flag, the report says how."""
+    script = Path(__file__).parent / "scripts" / "diff_target.py"
+    env = clean_env()
+    env.pop("MGPROF_NOISE_SCALE", None)
+    on = run(
+        python_args("-m", "mgprof", "analyze", script, "--gpus", "2", "--quiet", "--noise-scale",
+                    "--out", tmp_path / "on", "--", "--steps", "12"),
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert on.returncode == 0, on.explain()
+    (run_dir,) = (tmp_path / "on").iterdir()
+    data = json.loads((run_dir / "run.json").read_text())
+    assert [len(r["noise_scale"]["local_sq"]) for r in data["ranks"]] == [12, 12]
+    figure = data["analysis"]["noise_scale"]
+    assert figure["measured"] and figure["b_simple"] is not None
+    assert figure["band_low"] <= figure["b_simple"] <= figure["band_high"]
+    off = run(
+        python_args("-m", "mgprof", "analyze", script, "--gpus", "2", "--out", tmp_path / "off",
+                    "--", "--steps", "4"),
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert off.returncode == 0, off.explain()
+    assert "pass --noise-scale" in " ".join(off.stdout.split())

@@ -43,8 +43,8 @@ ACCUM_GIVE_UP = 3
 """Updates with one backward each after which the one-process probe removes its hooks."""
 
 OFF_REASON = (
-    f"off by default (the norms read the gradients twice more per step); set {NOISE_SCALE_ENV}=1 "
-    "to measure it"
+    "off by default (the norms read the gradients twice more per step); pass --noise-scale to "
+    f"mgprof analyze/compare/sweep (or set {NOISE_SCALE_ENV}=1) to measure it"
 )
 ONE_RANK_REASON = (
     "one rank and one backward per update: the noise scale needs 2 or more DDP ranks, or "

@@ -53,6 +53,13 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         "CUDA the allocator's history with a snapshot (memory/rank<N>.*.json) at the end of "
         "the traced steps and at an out-of-memory error",
     )
+    p.add_argument(
+        "--noise-scale",
+        action="store_true",
+        help="record DDP's local and averaged gradient norms and report the gradient noise "
+        "scale B_simple (the batch past which more samples per step buy little; "
+        "docs/noise-scale.md); off by default: costs 3-16 %% of a CPU DDP step",
+    )
     multi = p.add_argument_group("multi-node (passed to torchrun)")
     multi.add_argument("--nnodes", type=int, default=1)
     multi.add_argument("--node-rank", type=int, default=0)
@@ -130,6 +137,7 @@ def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
         auto_wrap=getattr(args, "auto_wrap", True),
         max_cpu_ranks=getattr(args, "max_cpu_ranks", None),
         memory=getattr(args, "memory", False),
+        noise_scale=getattr(args, "noise_scale", False),
         # a machine-read report owns stdout: the script's own output goes to stderr
         script_stdout_to_stderr=getattr(args, "format", "term") in ("json", "md"),
     )

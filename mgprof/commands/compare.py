@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             on_progress=progress,
             auto_wrap=args.auto_wrap,
             memory=args.memory,
+            noise_scale=args.noise_scale,
         )
     where = Path(args.out) / comp.comparison_id
     if args.format == "json":

@@ -116,6 +116,7 @@ def sweep_config(args: argparse.Namespace) -> Any:
         until_oom=args.until_oom,
         auto_wrap=args.auto_wrap,
         memory=args.memory,
+        noise_scale=args.noise_scale,
         out=Path(args.out),
         quiet=args.quiet,
     )

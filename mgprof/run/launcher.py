@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from mgprof import rundir
-from mgprof.collect.envknobs import MEMORY_ENV
+from mgprof.collect.envknobs import MEMORY_ENV, NOISE_SCALE_ENV
 from mgprof.collect.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
@@ -101,6 +101,8 @@ class LaunchConfig:
     """CPU ranks allowed without CUDA; None: ``CPU_RANKS_PER_CORE`` x this machine's cores."""
     memory: bool = False
     """Track memory in every rank (``--memory``): profiler memory events, allocator history."""
+    noise_scale: bool = False
+    """Record the gradient norms behind the gradient noise scale (``--noise-scale``)."""
 
     def __post_init__(self) -> None:
         if not self.script.exists():
@@ -257,6 +259,8 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
         env[AUTO_WRAP_ENV] = "0"
     if config.memory:
         env[MEMORY_ENV] = "1"
+    if config.noise_scale:
+        env[NOISE_SCALE_ENV] = "1"
     if p.strategy == "ddp" and config.nnodes == 1 and not config.rdzv_endpoint:
         # one node: nothing outside this machine needs to reach the rendezvous or gloo's pairs
         env[entry.LOOPBACK_ENV] = "1"

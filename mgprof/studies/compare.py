@@ -120,6 +120,7 @@ def compare(
     on_progress: Callable[[str, dict[int, int]], None] | None = None,
     auto_wrap: bool = True,
     memory: bool = False,
+    noise_scale: bool = False,
 ) -> Comparison:
     """Run ``script`` under each strategy and return the comparison, also saved as
     ``<out>/<comparison_id>/comparison.json`` beside the strategies' run directories.
@@ -182,6 +183,7 @@ def compare(
             on_progress=on_progress,
             auto_wrap=auto_wrap,
             memory=memory,
+            noise_scale=noise_scale,
         )
         comp.rows.append(row)
         comp.runs[strategy] = row.run
@@ -276,6 +278,7 @@ def _run_one(
     on_progress: Callable[[str, dict[int, int]], None] | None,
     auto_wrap: bool = True,
     memory: bool = False,
+    noise_scale: bool = False,
 ) -> Row:
     """Launch one strategy into the comparison directory, analyse it, make its row."""
     from mgprof.collect.nosync import read_result
@@ -300,6 +303,7 @@ def _run_one(
         run_name=f"{strategy}-{script.stem}",
         auto_wrap=auto_wrap,
         memory=memory,
+        noise_scale=noise_scale,
     )
     callback = None
     if on_progress is not None:

@@ -92,6 +92,8 @@ class SweepConfig:
     auto_wrap: bool = True
     memory: bool = False
     """Track memory in every trial (``--memory``)."""
+    noise_scale: bool = False
+    """Record the gradient norms behind the noise scale in every trial (``--noise-scale``)."""
 
     def __post_init__(self) -> None:
         try:
@@ -144,6 +146,7 @@ def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> Swe
         out=config.out,
         auto_wrap=config.auto_wrap,
         memory=config.memory,
+        noise_scale=config.noise_scale,
     )
     p = plan(base)
     if p.cuda and config.memory_budget_mib is not None:
