@@ -18,8 +18,7 @@ to the step whose CPU-side launch (runtime call with the same ``correlation``) l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import numpy as np
 
 from mgprof.analyze import intervals as iv
@@ -34,7 +33,9 @@ from mgprof.analyze.trace_load import (
 
 __all__ = [
     "Breakdown",
+    "CpuSpans",
     "cpu_breakdown",
+    "cpu_spans",
     "cpu_window",
     "device_step_index",
     "gpu_breakdown",
@@ -42,8 +43,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Breakdown:
+class Breakdown(msgspec.Struct, frozen=True):
     """Absolute figures in microseconds; ``memcpy_us`` is None on CPU-only traces."""
 
     window_us: float
@@ -65,8 +65,8 @@ class Breakdown:
         return max(0.0, self.comm_us - self.overlap_us)
 
 
-def _sel(rt: RankTrace, mask: np.ndarray) -> tuple[FloatArray, FloatArray]:
-    return rt.dev_start[mask], rt.dev_end[mask]
+def _sel(rt: RankTrace, rows: np.ndarray) -> tuple[FloatArray, FloatArray]:
+    return rt.dev_start[rows], rt.dev_end[rows]
 
 
 def host_collectives(rt: RankTrace) -> tuple[FloatArray, FloatArray]:
@@ -85,39 +85,49 @@ def gpu_breakdown(
     rows: np.ndarray | None = None,
     host_span: tuple[float, float] | None = None,
     not_before: float | None = None,
+    gloo: tuple[FloatArray, FloatArray] | None = None,
 ) -> Breakdown | None:
-    """DESIGN.md GPU rules over all device events, or over the boolean selection ``rows``.
+    """DESIGN.md GPU rules over all device events, or over the selection ``rows`` (a boolean
+    mask, or ascending row numbers: a step passes its own rows, so that a trace of many steps
+    is not scanned whole once per step).
 
     Host-side gloo collectives (:func:`host_collectives`) count as communication and extend
     the window (the device events alone would start after, or end before, them). For a step:
     only the gloo part inside ``host_span`` (its CPU span) counts, its data loading is the
     DataLoader time inside that CPU span (a step's loading runs before its kernels), and
     ``not_before`` (where the previous step's window ended) clips every device interval, so
-    step windows never overlap and no time is counted in two steps.
+    step windows never overlap and no time is counted in two steps. ``gloo`` is
+    :func:`host_collectives`, when the caller has it already.
     """
-    sel = np.ones(rt.dev_start.size, dtype=bool) if rows is None else rows
-    gloo = host_collectives(rt)
+    if rows is None:
+        sel = np.arange(rt.dev_start.size)
+    elif rows.dtype == bool:
+        sel = np.flatnonzero(rows)
+    else:
+        sel = rows
+    if gloo is None:
+        gloo = host_collectives(rt)
     if host_span is not None and gloo[0].size:
         gloo = iv.clip(*gloo, *host_span)
     floor = -np.inf if not_before is None else not_before
 
-    def pick(mask: np.ndarray) -> tuple[FloatArray, FloatArray]:
-        s, e = _sel(rt, mask)
+    def pick(rows: np.ndarray) -> tuple[FloatArray, FloatArray]:
+        s, e = _sel(rt, rows)
         return iv.clip(s, e, floor, np.inf) if not_before is not None else (s, e)
 
     if not_before is not None and gloo[0].size:
         gloo = iv.clip(*gloo, floor, np.inf)
-    kind = rt.dev_kind
+    kind = rt.dev_kind[sel]
     every = pick(sel)
     start = np.concatenate((every[0], gloo[0]))
     end = np.concatenate((every[1], gloo[1]))
     if start.size == 0:
         return None
     lo, hi = float(start.min()), float(end.max())
-    compute = pick(sel & (kind == KIND_COMPUTE))
-    kernels = pick(sel & (kind == KIND_COMM))
+    compute = pick(sel[kind == KIND_COMPUTE])
+    kernels = pick(sel[kind == KIND_COMM])
     comm = (np.concatenate((kernels[0], gloo[0])), np.concatenate((kernels[1], gloo[1])))
-    memory = pick(sel & ((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)))
+    memory = pick(sel[(kind == KIND_MEMCPY) | (kind == KIND_MEMSET)])
     dl: float | None = None
     if rt.dataloader[0].size:
         span = host_span if host_span is not None else (lo, hi)
@@ -159,21 +169,65 @@ def cpu_comm_intervals(rt: RankTrace) -> tuple[FloatArray, FloatArray]:
     return iv.as_array([op.start for op in ops]), iv.as_array([op.end for op in ops])
 
 
-def cpu_breakdown(rt: RankTrace, window: tuple[FloatArray, FloatArray]) -> Breakdown | None:
-    """DESIGN.md CPU-only rules inside the window ``window`` (merged intervals)."""
+class CpuSpans(msgspec.Struct, frozen=True):
+    """A CPU-only trace's compute, comm and DataLoader intervals, each merged once.
+
+    The trace and every one of its steps are measured on the same three unions; merging them
+    per step (a sort of every main-thread event per step) made long traces quadratic.
+    """
+
+    compute: tuple[FloatArray, FloatArray]
+    comm: tuple[FloatArray, FloatArray]
+    dataloader: tuple[FloatArray, FloatArray] | None
+
+
+def cpu_spans(rt: RankTrace) -> CpuSpans:
+    """The merged intervals :func:`cpu_breakdown` measures (see :class:`CpuSpans`)."""
+    return CpuSpans(
+        compute=iv.merge(*rt.main_thread),
+        comm=iv.merge(*cpu_comm_intervals(rt)),
+        dataloader=iv.merge(*rt.dataloader) if rt.dataloader[0].size else None,
+    )
+
+
+def cpu_breakdown(
+    rt: RankTrace, window: tuple[FloatArray, FloatArray], spans: CpuSpans | None = None
+) -> Breakdown | None:
+    """DESIGN.md CPU-only rules inside the window ``window`` (merged intervals).
+
+    ``spans`` (from :func:`cpu_spans`) is built once and passed for every step of a trace.
+    """
     ws, we = iv.merge(*window)
     if ws.size == 0:
         return None
-    compute = iv.intersect(rt.main_thread, (ws, we))
-    comm = iv.intersect(cpu_comm_intervals(rt), (ws, we))
-    compute_us = iv.union_length(*compute)
-    comm_us = iv.union_length(*comm)
-    busy_us = iv.union_length(
-        np.concatenate((compute[0], comm[0])), np.concatenate((compute[1], comm[1]))
-    )
+    if spans is None:
+        spans = cpu_spans(rt)
+    if ws.size == 1:
+        lo, hi = float(ws[0]), float(we[0])
+
+        def inside(merged: tuple[FloatArray, FloatArray]) -> tuple[FloatArray, FloatArray]:
+            return iv.within(merged, lo, hi)
+    else:
+
+        def inside(merged: tuple[FloatArray, FloatArray]) -> tuple[FloatArray, FloatArray]:
+            return iv.intersect(merged, (ws, we))
+
+    compute = inside(spans.compute)
+    comm = inside(spans.comm)
+    # Both helpers return merged intervals: their lengths need no second merge.
+    compute_us = iv.merged_length(compute)
+    comm_us = iv.merged_length(comm)
+    if not comm[0].size:
+        busy_us = compute_us
+    elif not compute[0].size:
+        busy_us = comm_us
+    else:
+        busy_us = iv.union_length(
+            np.concatenate((compute[0], comm[0])), np.concatenate((compute[1], comm[1]))
+        )
     dl: float | None = None
-    if rt.dataloader[0].size:
-        dl = iv.union_length(*iv.intersect(rt.dataloader, (ws, we)))
+    if spans.dataloader is not None:
+        dl = iv.merged_length(inside(spans.dataloader))
     return Breakdown(
         window_us=float(np.sum(we - ws)),
         busy_us=busy_us,

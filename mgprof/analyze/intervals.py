@@ -8,11 +8,16 @@ on several streams are counted once. Lengths of intersections use inclusion-excl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    FloatArray = npt.NDArray[np.float64]
+else:
+    FloatArray = np.ndarray  # numpy.typing costs an import on every run; the alias is for mypy
 
 __all__ = [
     "FloatArray",
@@ -22,7 +27,9 @@ __all__ = [
     "intersect",
     "intersection_length",
     "merge",
+    "merged_length",
     "union_length",
+    "within",
 ]
 
 
@@ -57,6 +64,13 @@ def union_length(starts: FloatArray, ends: FloatArray) -> float:
     """Length of the union of the intervals (``|X|``)."""
     ms, me = merge(starts, ends)
     return float(np.sum(me - ms)) if ms.size else 0.0
+
+
+def merged_length(merged: tuple[FloatArray, FloatArray]) -> float:
+    """:func:`union_length` of intervals that :func:`merge` (or :func:`intersect`,
+    :func:`within`) already returned: their summed lengths, without sorting them again."""
+    starts, ends = merged
+    return float(np.sum(ends - starts)) if starts.size else 0.0
 
 
 def intersection_length(
@@ -103,6 +117,28 @@ def intersect(
     e = np.minimum(a_e[ai], b_e[bi])
     keep = e > s
     return merge(s[keep], e[keep])
+
+
+def within(
+    merged: tuple[FloatArray, FloatArray], lo: float, hi: float
+) -> tuple[FloatArray, FloatArray]:
+    """``intersect(merged, ([lo], [hi]))`` for intervals that :func:`merge` already returned.
+
+    Per-step figures clip the same trace-wide intervals to each step in turn; re-sorting them
+    per step made a trace with many steps quadratic. On merged (sorted, disjoint) intervals the
+    pieces inside ``[lo, hi]`` are one slice, found by binary search, with its two ends clipped:
+    the same values :func:`intersect` returns, in the same order.
+    """
+    starts, ends = merged
+    if not hi > lo:
+        empty = np.empty(0, dtype=np.float64)
+        return empty, empty
+    a = int(np.searchsorted(ends, lo, side="right"))  # first interval ending after lo
+    b = int(np.searchsorted(starts, hi, side="left"))  # first interval starting at or after hi
+    if b <= a:
+        empty = np.empty(0, dtype=np.float64)
+        return empty, empty
+    return np.maximum(starts[a:b], lo), np.minimum(ends[a:b], hi)
 
 
 def subtract(

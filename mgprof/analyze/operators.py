@@ -26,7 +26,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from operator import itemgetter
 
 import msgspec
 import numpy as np
@@ -104,44 +103,41 @@ class OperatorTables(msgspec.Struct):
 
 
 def host_op_columns(
-    host: list[tuple[float, float, str, int, int, int]],
+    start: np.ndarray,
+    end: np.ndarray,
+    thread: np.ndarray,
+    name: np.ndarray,
+    shape: np.ndarray,
     names: list[str],
-    name_bits: int,
+    threads: list[str],
     shape_of: dict[bytes, int],
 ) -> tuple[HostOps | None, float | None]:
     """The operator rows of the reducer's host events, sorted; and the earliest host start.
 
-    ``host`` rows are (start, end, tid, name key, code, shape): ``names[key >> name_bits]`` is
-    the name, and shape is −1 for host events that are not operators, else the index of the
-    operator's ``Input Dims`` in ``shape_of`` (raw JSON -> index; 0: none).
+    The host events come as columns in file order: ``thread`` indexes ``threads`` (in order of
+    first appearance), ``name`` indexes ``names``, and ``shape`` is −1 for host events that are
+    not operators, else the index of the operator's ``Input Dims`` in ``shape_of`` (raw JSON ->
+    index; 0: none).
     """
-    if not host:
+    if not start.size:
         return None, None
-    n = len(host)
-    start = np.fromiter(map(itemgetter(0), host), dtype=np.float64, count=n)
     first = float(start.min())
-    shape = np.fromiter(map(itemgetter(5), host), dtype=np.int32, count=n)
     rows = np.flatnonzero(shape >= 0)
     if rows.size == 0:
         return None, first
-    end = np.fromiter(map(itemgetter(1), host), dtype=np.float64, count=n)
-    name = np.fromiter(map(itemgetter(3), host), dtype=np.int64, count=n) >> name_bits
-    tids = list(map(itemgetter(2), host))
-    tid_ix = {t: i for i, t in enumerate(dict.fromkeys(tids))}
-    thread = np.fromiter(map(tid_ix.__getitem__, tids), dtype=np.int32, count=n)
-    if rows.size < n:
+    if rows.size < start.size:
         start, end, shape = start[rows], end[rows], shape[rows]
         name, thread = name[rows], thread[rows]
-    order = _op_order(start, end, thread, len(tid_ix))
+    order = _op_order(start, end, thread, len(threads))
     ops = HostOps(
         start=start[order],
         end=end[order],
-        thread=thread[order],
+        thread=thread[order].astype(np.int32),
         name=name[order].astype(np.int32),
-        shape=shape[order],
+        shape=shape[order].astype(np.int32),
         names=names,
         shapes=list(shape_of),
-        threads=list(tid_ix),
+        threads=list(threads),
     )
     return ops, first
 

@@ -1,10 +1,15 @@
-"""RankTrace: what one rank's trace reduces to (arrays and records), and its KIND_* row codes."""
+"""RankTrace: what one rank's trace reduces to (arrays and records), and its KIND_* row codes.
+
+The records are msgspec Structs rather than dataclasses: a dataclass builds its methods with
+``exec`` at every import (about a millisecond each), and ``mgprof trace`` imports these on
+every run.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from mgprof.analyze.intervals import FloatArray
@@ -24,8 +29,7 @@ __all__ = [
 KIND_COMPUTE, KIND_COMM, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2, 3
 
 
-@dataclass(frozen=True)
-class CommArgs:
+class CommArgs(msgspec.Struct, frozen=True):
     """What a trace says about one collective call (``record_param_comms``-style args)."""
 
     collective: str | None = None
@@ -37,8 +41,7 @@ class CommArgs:
     seq: str | None = None
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(msgspec.Struct, frozen=True):
     """One ``ProfilerStep#N`` span on the CPU side."""
 
     number: int
@@ -47,8 +50,7 @@ class Step:
     tid: str
 
 
-@dataclass(frozen=True)
-class CpuCommOp:
+class CpuCommOp(msgspec.Struct, frozen=True):
     """A ``gloo:*`` / ``nccl:*`` CPU event: the communication work of a CPU-only trace."""
 
     name: str
@@ -62,8 +64,7 @@ class CpuCommOp:
     """NCCL args on the op itself (``In msg nelems``, ``dtype``, ``Group size``), when present."""
 
 
-@dataclass
-class HostOps:
+class HostOps(msgspec.Struct):
     """Host operators (``cat`` ``cpu_op``; 2021 schema ``Operator``), one row each, sorted by
     (thread, start, longer first) so that a parent precedes the ops nested in it."""
 
@@ -81,8 +82,7 @@ class HostOps:
         return int(self.start.size)
 
 
-@dataclass
-class RankTrace:
+class RankTrace(msgspec.Struct):
     """One rank's trace reduced to what the analyses need (see module docstring)."""
 
     path: Path
@@ -120,24 +120,24 @@ class RankTrace:
     # so that end = start + dur keeps sub-ns precision for large absolute timestamps.
     time_base_us: float = 0.0
     # External id of each device row's launching op (-1: none), and PREC_* of GEMM/conv ops.
-    dev_ext: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    gemm_precision: dict[int, int] = field(default_factory=dict)
+    dev_ext: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gemm_precision: dict[int, int] = msgspec.field(default_factory=dict)
     flops_source: str | None = None
-    flops_estimate_skipped: dict[str, int] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    dev_stream: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    flops_estimate_skipped: dict[str, int] = msgspec.field(default_factory=dict)
+    notes: list[str] = msgspec.field(default_factory=list)
+    dev_stream: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     """Per device row, an index of its stream (the device event's ``tid``)."""
     graph_launches: int = 0
-    runtime: tuple[FloatArray, FloatArray] = field(
+    runtime: tuple[FloatArray, FloatArray] = msgspec.field(
         default_factory=lambda: (np.zeros(0), np.zeros(0))
     )
     """Spans of the runtime/driver calls (launches, synchronisations) on the CPU."""
     """``cudaGraphLaunch`` calls: kernels replayed from a CUDA graph have no launch of their own."""
-    unknown_categories: dict[str, int] = field(default_factory=dict)
+    unknown_categories: dict[str, int] = msgspec.field(default_factory=dict)
     """Event categories torch.profiler does not write (``cat`` -> events), counted as host work."""
-    runtime_tid: list[str] = field(default_factory=list)
+    runtime_tid: list[str] = msgspec.field(default_factory=list)
     """Thread of each runtime/driver call (rows of ``runtime``)."""
-    launch_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    launch_rows: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Row in ``runtime`` of each launch in ``launch_corr``."""
     host_ops: HostOps | None = None
     """The host operators, for the Operators view (None when the trace has none)."""

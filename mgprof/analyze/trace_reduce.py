@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from mgprof.analyze import intervals as iv
@@ -110,16 +111,23 @@ def _int64_array(values: list[int]) -> np.ndarray:
 # What :meth:`_Reducer.feed` does with an event, decided once per distinct ``cat`` (a device
 # category maps to its KIND_*, 0..3) and, for CPU events, once per distinct name (_N_* bits).
 _CAT_LAUNCH, _CAT_SKIP, _CAT_CPU, _CAT_OP_2021, _CAT_CPU_OTHER, _CAT_NOCAT = 4, 5, 6, 7, 8, 9
+_CAT_UNKNOWN = 10
+_N_CODES = 11
 """``_CAT_CPU``: an operator (``cat`` ``cpu_op``); ``_CAT_OP_2021``: the 2021 schema's
 ``Operator`` (operators, but also steps and ``record_function`` spans: never CPU compute, as
 before; an operator of the Operators view unless its name is a known annotation);
 ``_CAT_CPU_OTHER``: any other host category (``user_annotation``, ``python_function``, ...):
 containers, never compute on CPU traces; ``_CAT_NOCAT``: an event without ``cat`` (old
-traces), classified by its name. Host codes ≤ ``_CAT_OP_2021`` are operator categories."""
+traces), classified by its name; ``_CAT_UNKNOWN``: a host category torch.profiler does not
+write, counted in the health block and then handled as ``_CAT_CPU_OTHER``. Host codes ≤
+``_CAT_OP_2021`` are operator categories."""
 _N_STEP, _N_DATALOADER, _N_CPU_COMM, _N_FLOP_OP, _N_PARAM_COMMS, _N_ANNOTATION = 1, 2, 4, 8, 16, 32
+_SHAPE_PENDING = -2
+"""An operator's shape index until its slice is done (see ``_Reducer._shape_indices``)."""
 _N_BITS = 6
 _N_MASK = (1 << _N_BITS) - 1
-"""A host event's name key: (index into ``_Reducer.host_names``) << _N_BITS | its _N_* bits."""
+"""A host event's key: (index of its (code, thread, name) combination in ``_Reducer.combo_*``)
+<< _N_BITS | its name's _N_* bits."""
 
 
 def _cat_code(raw_cat: str | None) -> int:
@@ -135,7 +143,9 @@ def _cat_code(raw_cat: str | None) -> int:
         return _CAT_CPU
     if cat == "operator":
         return _CAT_OP_2021
-    return _CAT_CPU_OTHER if cat else _CAT_NOCAT
+    if not cat:
+        return _CAT_NOCAT
+    return _CAT_CPU_OTHER if raw_cat in _KNOWN_HOST_CATS else _CAT_UNKNOWN
 
 
 def _name_flags(name: str) -> int:
@@ -177,11 +187,25 @@ class _Reducer:
         self.dl_e: list[float] = []
         self.param_comms: list[tuple[str, float, float, CommArgs]] = []
         self.cpu_comm_ops: list[CpuCommOp] = []
-        # Host events other than launches and steps: (start, end, tid, name key, _CAT_* code,
-        # shape), the name key as in name_keys and shape the index of an operator's Input Dims
-        # in shape_of (0: none; -1: not an operator).
-        self.host_events: list[tuple[float, float, str, int, int, int]] = []
+        # Host events other than launches and steps, as columns: start, end, key and shape.
+        # A key names one (category code, thread, name) combination (see _host_key) with the
+        # name's _N_* bits; shape is the index of an operator's Input Dims in shape_of (0:
+        # none; -1: not an operator). Each slice's columns become numpy arrays when the slice
+        # is done (host_chunks), so a host event costs ~28 bytes, not a tuple of objects.
+        self.h_start: list[float] = []
+        self.h_end: list[float] = []
+        self.h_key: list[int] = []
+        self.h_shape: list[int] = []
+        self.host_chunks: tuple[list[np.ndarray], ...] = ([], [], [], [])
+        self.host_ctx: list[dict[object, dict[str, int]]] = [{} for _ in range(_N_CODES)]
+        """Per category code, per raw ``tid``: name -> key."""
+        self.combo_name: list[int] = []  # per key >> _N_BITS: index into host_names
+        self.combo_code: list[int] = []  # ... its _CAT_* code
+        self.combo_thread: list[int] = []  # ... its index into threads
         self.host_names: list[str] = []
+        self.name_ix: dict[str, int] = {}
+        self.threads: list[str] = []  # host threads as text, in order of first appearance
+        self.thread_of: dict[str, int] = {}
         self.shape_of: dict[bytes, int] = {b"": 0}  # raw Input Dims JSON -> index
         # GEMM/conv ops: (tid, start, end, flops or None, reason)
         self.flop_ops: list[tuple[str, float, float, float | None, str]] = []
@@ -201,7 +225,6 @@ class _Reducer:
         self.unknown_cats: dict[str, int] = {}
         self.tid_str: dict[object, str] = {}
         self.cat_code: dict[str | None, int] = {}  # raw ``cat`` -> KIND_* or _CAT_*
-        self.name_keys: dict[str, int] = {}  # CPU event name -> index << _N_BITS | _N_* bits
 
     def feed(self, events: list[_Event]) -> None:
         self.n_events += len(events)
@@ -219,15 +242,16 @@ class _Reducer:
                     break
         base = self.base if self.base is not None else 0.0
         cat_code = self.cat_code
-        name_keys = self.name_keys
+        host_ctx = self.host_ctx
+        h_start, h_end, h_key, h_shape = self.h_start, self.h_end, self.h_key, self.h_shape
         kind_of_name = self.kind_of_name
         name_index = self.name_index
         tid_str = self.tid_str
         launch_row = self.launch_row
         dev_start, dev_end, dev_kind = self.dev_start, self.dev_end, self.dev_kind
         dev_corr, dev_name, dev_ext = self.dev_corr, self.dev_name, self.dev_ext
-        add_host = self.host_events.append
-        shape_of = self.shape_of
+        dims_raw: list[msgspec.Raw] = []
+        add_dims = dims_raw.append
         dev_stream, stream_of = self.dev_stream, self.stream_of
         runtime_s, runtime_e, runtime_tid = self.runtime_s, self.runtime_e, self.runtime_tid
         min_ts, max_ts, max_dur = -_MAX_TS_US, _MAX_TS_US, _MAX_DUR_US  # locals: hot loop
@@ -303,21 +327,23 @@ class _Reducer:
                     self.out_of_range += 1
                 continue
             complete += 1
-            if code == _CAT_CPU_OTHER and raw_cat not in _KNOWN_HOST_CATS:
-                self.unknown_cats[raw_cat or ""] = self.unknown_cats.get(raw_cat or "", 0) + 1
-            if code == _CAT_SKIP:
+            if code >= _CAT_CPU_OTHER:
+                if code == _CAT_UNKNOWN:
+                    self.unknown_cats[raw_cat or ""] = self.unknown_cats.get(raw_cat or "", 0) + 1
+                    code = _CAT_CPU_OTHER
+            elif code == _CAT_SKIP:
                 # The profiler's own span is not activity, and GPU-side annotations (which repeat
                 # ProfilerStep#N names on the device timeline) are not CPU events.
                 continue
             ts = ts - base  # type: ignore[operator]
-            raw_tid = ev.tid
-            if type(raw_tid) is str:
-                tid = raw_tid
-            else:
-                tid = tid_str.get(raw_tid)  # type: ignore[assignment]
-                if tid is None:
-                    tid = tid_str[raw_tid] = _as_str(raw_tid) or ""
             if code == _CAT_LAUNCH:
+                raw_tid = ev.tid
+                if type(raw_tid) is str:
+                    tid = raw_tid
+                else:
+                    tid = tid_str.get(raw_tid)  # type: ignore[assignment]
+                    if tid is None:
+                        tid = tid_str[raw_tid] = _as_str(raw_tid) or ""
                 if ev.name and "GraphLaunch" in ev.name:
                     self.graph_launches += 1
                 launch = len(runtime_s)
@@ -334,10 +360,12 @@ class _Reducer:
                 continue
             end = ts + dur  # type: ignore[operator]
             name = ev.name or ""
-            key = name_keys.get(name)
+            by_name = host_ctx[code].get(ev.tid)
+            if by_name is None:
+                by_name = self._host_names(code, ev.tid)
+            key = by_name.get(name)
             if key is None:
-                key = name_keys[name] = len(self.host_names) << _N_BITS | _name_flags(name)
-                self.host_names.append(name)
+                key = by_name[name] = self._host_key(code, ev.tid, name)
             flags = key & _N_MASK
             args = ev.args
             if not flags:  # the common case: an op with no special meaning
@@ -348,12 +376,14 @@ class _Reducer:
                     if shape == 0:
                         dims = args.input_dims
                         if dims:
-                            raw = bytes(dims)
-                            shape = shape_of.get(raw, -1)
-                            if shape < 0:
-                                shape = shape_of[raw] = len(shape_of)
-                add_host((ts, end, tid, key, code, shape))
+                            add_dims(dims)
+                            shape = _SHAPE_PENDING
+                h_start.append(ts)
+                h_end.append(end)
+                h_key.append(key)
+                h_shape.append(shape)
                 continue
+            tid = self.threads[self.combo_thread[key >> _N_BITS]]
             if flags & _N_STEP:
                 num = _step_number(name)
                 if num is not None:
@@ -366,42 +396,139 @@ class _Reducer:
             if args is None:
                 if flags & _N_CPU_COMM:
                     self.cpu_comm_ops.append(CpuCommOp(name, ts, end, tid, None))
-                add_host((ts, end, tid, key, code, shape))
-                continue
-            if shape == 0 and args.input_dims:
-                raw = bytes(args.input_dims)
-                shape = shape_of.get(raw, -1)
-                if shape < 0:
-                    shape = shape_of[raw] = len(shape_of)
-            if args.flops is not None:
-                self._add_flops(args.flops)
-            if flags & _N_FLOP_OP:
-                est, why = _flop_estimate(name, args)
-                self.flop_ops.append((tid, ts, end, est, why))
-                ext = _as_int(args.external_id)
-                if ext is not None:
-                    prec = _precision(name, args.input_type)
-                    if prec:
-                        self.gemm_prec[ext] = prec
-            elif flags & _N_PARAM_COMMS:
-                ca = _comm_args(args)
-                if ca is not None:
-                    self.param_comms.append((tid, ts, end, ca))
-            if flags & _N_CPU_COMM:
-                self.cpu_comm_ops.append(
-                    CpuCommOp(
-                        name,
-                        ts,
-                        end,
-                        tid,
-                        _input_bytes(args),
-                        ext=_as_int(args.external_id),
-                        comm=_comm_args(args),
-                    )
-                )
-            add_host((ts, end, tid, key, code, shape))
+            else:
+                if shape == 0 and args.input_dims:
+                    add_dims(args.input_dims)
+                    shape = _SHAPE_PENDING
+                if args.flops is not None:
+                    self._add_flops(args.flops)
+                self._special(name, flags, tid, ts, end, args)
+            h_start.append(ts)
+            h_end.append(end)
+            h_key.append(key)
+            h_shape.append(shape)
         self.complete += complete
         self.skipped += skipped
+        if h_start:
+            starts, ends, combos, shapes = self.host_chunks
+            starts.append(np.array(h_start, dtype=np.float64))
+            ends.append(np.array(h_end, dtype=np.float64))
+            combos.append((np.array(h_key, dtype=np.int64) >> _N_BITS).astype(np.int32))
+            shape_col = np.array(h_shape, dtype=np.int32)
+            if dims_raw:
+                shape_col[shape_col == _SHAPE_PENDING] = self._shape_indices(dims_raw)
+            shapes.append(shape_col)
+            self.h_start, self.h_end, self.h_key, self.h_shape = [], [], [], []
+
+    def _shape_indices(self, dims: list[msgspec.Raw]) -> np.ndarray:
+        """Each ``Input Dims`` (raw JSON, in file order) as its index in ``shape_of``; a new one
+        gets the next index.
+
+        Done once per slice rather than per event: one join and one split make the byte
+        strings (a NUL never occurs in decoded JSON, so it cannot split one), and the table
+        lookups run in C. A per-event ``bytes()`` copy and lookup cost about a third of the
+        reduction of a CPU trace, where almost every event is an operator with shapes.
+        """
+        shape_of = self.shape_of
+        parts = b"\0".join(dims).split(b"\0")
+        if len(parts) != len(dims):  # not reachable from msgspec-decoded JSON; kept exact
+            parts = [bytes(raw) for raw in dims]
+        for raw in dict.fromkeys(parts):
+            if raw not in shape_of:
+                shape_of[raw] = len(shape_of)
+        return np.fromiter(map(shape_of.__getitem__, parts), dtype=np.int32, count=len(parts))
+
+    def _host_names(self, code: int, raw_tid: object) -> dict[str, int]:
+        """The name -> key table of host events of ``code`` on thread ``raw_tid`` (new)."""
+        tid = raw_tid if type(raw_tid) is str else self.tid_str.get(raw_tid)
+        if tid is None:
+            tid = self.tid_str[raw_tid] = _as_str(raw_tid) or ""
+        if tid not in self.thread_of:
+            self.thread_of[tid] = len(self.threads)
+            self.threads.append(tid)
+        table: dict[str, int] = {}
+        self.host_ctx[code][raw_tid] = table
+        return table
+
+    def _host_key(self, code: int, raw_tid: object, name: str) -> int:
+        """A new (code, thread, name) combination's key: its index << _N_BITS | _N_* bits."""
+        ix = self.name_ix.get(name)
+        if ix is None:
+            ix = self.name_ix[name] = len(self.host_names)
+            self.host_names.append(name)
+        tid = raw_tid if type(raw_tid) is str else self.tid_str[raw_tid]
+        combo = len(self.combo_name)
+        self.combo_name.append(ix)
+        self.combo_code.append(code)
+        self.combo_thread.append(self.thread_of[tid])
+        return combo << _N_BITS | _name_flags(name)
+
+    def _special(self, name: str, flags: int, tid: str, ts: float, end: float, args: _Args) -> None:
+        """The records kept for GEMM/conv ops, ``record_param_comms`` and gloo/nccl ops."""
+        if flags & _N_FLOP_OP:
+            est, why = _flop_estimate(name, args)
+            self.flop_ops.append((tid, ts, end, est, why))
+            ext = _as_int(args.external_id)
+            if ext is not None:
+                prec = _precision(name, args.input_type)
+                if prec:
+                    self.gemm_prec[ext] = prec
+        elif flags & _N_PARAM_COMMS:
+            ca = _comm_args(args)
+            if ca is not None:
+                self.param_comms.append((tid, ts, end, ca))
+        if flags & _N_CPU_COMM:
+            self.cpu_comm_ops.append(
+                CpuCommOp(
+                    name,
+                    ts,
+                    end,
+                    tid,
+                    _input_bytes(args),
+                    ext=_as_int(args.external_id),
+                    comm=_comm_args(args),
+                )
+            )
+
+    def _host_columns(self) -> _HostColumns:
+        """The host events of every slice as one set of columns (the slices are let go)."""
+        chunks, self.host_chunks = self.host_chunks, ([], [], [], [])
+        if not chunks[0]:
+            empty = np.empty(0, dtype=np.float64)
+            none = np.empty(0, dtype=np.int32)
+            return _HostColumns(empty, empty, none, none, none)
+        start, end, combo, shape = (_concat_and_clear(col) for col in chunks)
+        thread = np.asarray(self.combo_thread, dtype=np.int32)[combo]
+        return _HostColumns(start, end, combo, thread, shape)
+
+    def _main_compute(self, host: _HostColumns, main: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The main thread's compute intervals (DESIGN.md CPU-only rule), comm ops cut out.
+
+        Which events count is decided once per (code, thread, name) combination, then picked
+        out of the columns with one mask each: no per-event Python work.
+        """
+        names = self.host_names
+        on_main = [t == main for t in self.combo_thread]
+        compute = np.fromiter(
+            (
+                m and _is_cpu_compute(code, names[n])
+                for m, code, n in zip(on_main, self.combo_code, self.combo_name)
+            ),
+            dtype=bool,
+            count=len(on_main),
+        )[host.combo]
+        comm = np.fromiter(
+            (m and _is_comm_name(names[n]) for m, n in zip(on_main, self.combo_name)),
+            dtype=bool,
+            count=len(on_main),
+        )[host.combo]
+        main_s, main_e = host.start[compute], host.end[compute]
+        if comm.any():
+            # A comm op nested in an operator span (c10d::allreduce_ inside autograd's
+            # AccumulateGrad, where DDP's reducer launches it) is still the main thread
+            # waiting on communication: it is cut out of the compute intervals.
+            main_s, main_e = iv.subtract((main_s, main_e), (host.start[comm], host.end[comm]))
+        return main_s, main_e
 
     def _add_flops(self, flops: Num) -> None:
         fl = _finite(flops)
@@ -428,38 +555,16 @@ class _Reducer:
                     pg_sizes[str(pg.pg_name)] = size
 
         steps = sorted(self.steps, key=lambda s: s.start)
-        host = self.host_events
-        names = self.host_names
-        main_tid = _main_thread(steps, host)
-        main_s: list[float] = []
-        main_e: list[float] = []
+        host = self._host_columns()
+        main_tid = _main_thread(steps, host, self.threads)
+        main_s: np.ndarray | list[float] = []
+        main_e: np.ndarray | list[float] = []
         cpu_window_all = None
-        if not self.dev_start and host:
+        if not self.dev_start and host.start.size:
             # Only CPU-only traces use the main-thread compute events and the whole-trace window.
-            comm_s: list[float] = []
-            comm_e: list[float] = []
-            for start, end, tid, key, code, _shape in host:
-                if tid != main_tid:
-                    continue
-                name = names[key >> _N_BITS]
-                if _is_cpu_compute(code, name):
-                    main_s.append(start)
-                    main_e.append(end)
-                elif _is_comm_name(name):
-                    comm_s.append(start)
-                    comm_e.append(end)
-            if comm_s:
-                # A comm op nested in an operator span (c10d::allreduce_ inside autograd's
-                # AccumulateGrad, where DDP's reducer launches it) is still the main thread
-                # waiting on communication: it is cut out of the compute intervals.
-                main_s, main_e = (
-                    list(x)
-                    for x in iv.subtract(
-                        (iv.as_array(main_s), iv.as_array(main_e)),
-                        (iv.as_array(comm_s), iv.as_array(comm_e)),
-                    )
-                )
-            cpu_window_all = (min(h[0] for h in host), max(h[1] for h in host))
+            main_s, main_e = self._main_compute(host, self.thread_of.get(main_tid or ""))
+            lo, hi = float(host.start.min()), float(host.end.max())
+            cpu_window_all = (lo, hi)
         if steps and not self.dev_start:
             lo = min(s.start for s in steps)
             hi = max(s.end for s in steps)
@@ -468,8 +573,18 @@ class _Reducer:
                 if cpu_window_all
                 else (lo, hi)
             )
-        host_ops, host_first = host_op_columns(host, names, _N_BITS, self.shape_of)
-        self.host_events = []
+        names = np.asarray(self.combo_name, dtype=np.int32)[host.combo]
+        host_ops, host_first = host_op_columns(
+            host.start,
+            host.end,
+            host.thread,
+            names,
+            host.shape,
+            self.host_names,
+            self.threads,
+            self.shape_of,
+        )
+        del host, names
         self.shape_of = {}
         firsts = [host_first] if host_first is not None else []
         firsts += [s.start for s in steps[:1]]
@@ -589,20 +704,38 @@ def _is_cpu_compute(code: int, name: str) -> bool:
     return code == _CAT_NOCAT and not name.startswith(_ANNOTATION_PREFIXES)
 
 
-def _main_thread(
-    steps: list[Step], host: list[tuple[float, float, str, int, int, int]]
-) -> str | None:
+def _concat_and_clear(chunks: list[np.ndarray]) -> np.ndarray:
+    """One array of ``chunks``, which are let go at once: the peak holds one column twice,
+    not all of them."""
+    out = np.concatenate(chunks)
+    chunks.clear()
+    return out
+
+
+class _HostColumns(msgspec.Struct):
+    """A rank's host events (other than launches and steps), one row each, in file order."""
+
+    start: np.ndarray
+    end: np.ndarray
+    combo: np.ndarray  # the key >> _N_BITS: (code, thread, name) combination
+    thread: np.ndarray  # index into _Reducer.threads
+    shape: np.ndarray  # index into shape_of; -1: not an operator
+
+
+def _main_thread(steps: list[Step], host: _HostColumns, threads: list[str]) -> str | None:
     """The thread of the ``ProfilerStep#N`` events; without steps, the busiest CPU thread.
 
     "Busiest" = largest summed duration of top-level-or-not complete events; it is a fallback for
-    traces recorded without a schedule, stated in the result's definitions.
+    traces recorded without a schedule, stated in the result's definitions. ``bincount`` sums
+    each thread's durations in file order, and ``argmax`` takes the first of equal totals, in
+    order of first appearance, as the per-event loop it replaces did.
     """
     if steps:
         counts: dict[str, int] = {}
         for s in steps:
             counts[s.tid] = counts.get(s.tid, 0) + 1
         return max(counts, key=lambda t: counts[t])
-    totals: dict[str, float] = {}
-    for start, end, tid, _key, _code, _shape in host:
-        totals[tid] = totals.get(tid, 0.0) + (end - start)
-    return max(totals, key=lambda t: totals[t]) if totals else None
+    if not host.start.size:
+        return None
+    totals = np.bincount(host.thread, weights=host.end - host.start, minlength=len(threads))
+    return threads[int(np.argmax(totals))]

@@ -336,18 +336,24 @@ def _comm_unknown(totals: TraceTotals, na: dict[str, str]) -> TraceTotals:
 
 
 def _dataloader_exclusive(
-    rt: RankTrace, busy: tuple[np.ndarray, np.ndarray], begin: float, end: float
+    rt: RankTrace,
+    loading: tuple[np.ndarray, np.ndarray],
+    busy: tuple[np.ndarray, np.ndarray],
+    begin: float,
+    end: float,
 ) -> float | None:
     """DataLoader time in [begin, end] not covered by ``busy`` (the merged device events and
-    runtime calls, built once per trace)."""
+    runtime calls); ``loading`` is the merged DataLoader spans. Both are built once per trace,
+    so a step costs a binary search, not a sort of the whole trace."""
     if rt.dataloader[0].size == 0:
         return None
-    window = (np.asarray([begin]), np.asarray([end]))
-    loading = iv.intersect(rt.dataloader, window)
-    return iv.union_length(*loading) - iv.intersection_length(loading, iv.intersect(busy, window))
+    inside = iv.within(loading, begin, end)
+    return iv.union_length(*inside) - iv.intersection_length(inside, iv.within(busy, begin, end))
 
 
-def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
+def _steps(
+    rt: RankTrace, na: dict[str, str], spans: bd.CpuSpans | None = None
+) -> list[StepSummary]:
     if not rt.steps:
         na["steps"] = "no ProfilerStep#N spans (trace recorded without a profiler schedule)"
         return []
@@ -356,9 +362,20 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
     if step_of is not None and not (step_of >= 0).any():
         na["steps"] = "no device event correlates with a launch inside a ProfilerStep#N span"
     base = rt.time_base_us
-    busy = iv.merge(
-        np.concatenate((rt.dev_start, rt.runtime[0])), np.concatenate((rt.dev_end, rt.runtime[1]))
-    )
+    # Whatever every step reads is built once here: each step then costs binary searches and
+    # its own rows, not a pass (or a sort) over the whole trace, which made long traces
+    # quadratic in their steps.
+    if step_of is not None:
+        busy = iv.merge(
+            np.concatenate((rt.dev_start, rt.runtime[0])),
+            np.concatenate((rt.dev_end, rt.runtime[1])),
+        )
+        loading = iv.merge(*rt.dataloader)
+        by_step = np.argsort(step_of, kind="stable")  # each step's device rows, ascending
+        bounds = np.searchsorted(step_of[by_step], np.arange(len(rt.steps) + 1))
+        gloo = bd.host_collectives(rt)
+    elif spans is None:
+        spans = bd.cpu_spans(rt)
     prev_end: float | None = None
     prev_extended: float | None = None
     for k, step in enumerate(rt.steps):
@@ -366,9 +383,11 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
         cpu_us = step.end - step.start
         device_start = device_end = None
         if step_of is not None:
-            rows = step_of == k
-            n = int(rows.sum())
-            b = bd.gpu_breakdown(rt, rows, host_span=(step.start, step.end), not_before=prev_end)
+            rows = by_step[bounds[k] : bounds[k + 1]]
+            n = int(rows.size)
+            b = bd.gpu_breakdown(
+                rt, rows, host_span=(step.start, step.end), not_before=prev_end, gloo=gloo
+            )
             if b is None:
                 why = (
                     "no device event was launched in this step"
@@ -380,7 +399,7 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
                 device_start, device_end = b.window_start_us, b.window_end_us
                 prev_end = b.window_end_us
         else:
-            b = bd.cpu_breakdown(rt, (np.asarray([step.start]), np.asarray([step.end])))
+            b = bd.cpu_breakdown(rt, (np.asarray([step.start]), np.asarray([step.end])), spans)
             n = 0
         totals = _totals(b, step_na)
         if step_of is not None and totals.dataloader_us is not None and cpu_us > 0:
@@ -390,7 +409,9 @@ def _steps(rt: RankTrace, na: dict[str, str]) -> list[StepSummary]:
         end = step.end if device_end is None else max(step.end, device_end)
         begin = step.start if prev_extended is None else max(step.start, prev_extended)
         prev_extended = end
-        exclusive = _dataloader_exclusive(rt, busy, begin, end) if step_of is not None else None
+        exclusive = (
+            _dataloader_exclusive(rt, loading, busy, begin, end) if step_of is not None else None
+        )
         out.append(
             StepSummary(
                 step.number,
@@ -415,6 +436,7 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
     rt = load_trace(path)
     na: dict[str, str] = {}
     kind = "gpu" if rt.has_device_events else "cpu"
+    spans: bd.CpuSpans | None = None
     if kind == "gpu":
         b = bd.gpu_breakdown(rt)
         compute = rt.dev_kind == KIND_COMPUTE
@@ -427,13 +449,14 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
         )
     else:
         window = bd.cpu_window(rt)
-        b = bd.cpu_breakdown(rt, window)
+        spans = bd.cpu_spans(rt)
+        b = bd.cpu_breakdown(rt, window, spans)
         calls = cpu_collective_calls(rt)
         cover = rt.main_thread
     totals = _totals(b, na)
     if kind == "cpu" and calls and all(c.launch_only for c in calls):
         totals = _comm_unknown(totals, na)
-    steps = _steps(rt, na)
+    steps = _steps(rt, na, spans)
     collectives = summarize_collectives(calls, type_unions(calls, rt.time_base_us, window, cover))
     if not collectives:
         na["collectives"] = (

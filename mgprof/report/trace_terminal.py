@@ -10,15 +10,16 @@ characters.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rich.console import Console
-from rich.text import Text
 
 from mgprof.analyze.trace_summary import JobTraceSummary, RankTraceSummary, TraceTotals
 from mgprof.report.safe_text import rich_text
-from mgprof.report.term_table import Col, print_fitted
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
 __all__ = ["JSON_SCHEMA_VERSION", "job_to_json", "jobs_to_json", "render_job"]
 
@@ -94,6 +95,11 @@ def _totals_row(label: str, kind: str, t: TraceTotals) -> list[str | Text]:
 
 def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     """Print the per-rank totals, collectives, top kernels and the not-applicable notes."""
+    # rich is imported here, not at the top: ``mgprof trace --json`` never draws a table.
+    from rich.text import Text
+
+    from mgprof.report.term_table import Col, print_fitted
+
     console.rule(
         Text.assemble(("mgprof trace", "bold"), " ", rich_text(job.directory, highlight=True))
     )
