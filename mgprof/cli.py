@@ -28,7 +28,7 @@ COMMANDS = (
 )
 LAUNCHING = ("analyze", "compare", "sweep")
 """Commands that run a script: everything after ``--`` belongs to the script."""
-NO_BLAS = ("trace",)
+NO_BLAS = ("trace", "report", "diff", "timeline")
 """Commands that only analyse files: numpy's BLAS is never called, so its thread pool (which
 OpenBLAS starts when numpy loads, one thread per core: ~60 ms of a ~0.2 s ``mgprof trace`` on a
 2-core machine, more on a larger one) is pure start-up cost. Their processes start with one."""
