@@ -1,7 +1,9 @@
 """A job's traces: finding and grouping the trace files of a folder, and analysing every rank.
 
-Each rank goes through :func:`mgprof.analyze.trace_summary.analyze_trace_file` (one per worker
-process when there are several), then the ranks' collectives are matched across the job.
+Each rank goes through :func:`mgprof.analyze.trace_summary.analyze_trace_file`, run by an
+executor (this process, local worker processes, or a Dask cluster: :mod:`.executor`) that
+returns each rank's small summary; summaries of unchanged files come from the cache
+(:mod:`.trace_cache`) instead. Then the ranks' collectives are matched across the job.
 These names are also importable from :mod:`mgprof.analyze.trace_summary`, the public API.
 """
 
@@ -9,18 +11,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any, Literal, Protocol
 
 import msgspec
 
 from mgprof.analyze.comm import CrossRankSummary, cross_rank
-from mgprof.analyze.trace_summary import DEFINITIONS_COMMON, RankTraceSummary, analyze_trace_file
-from mgprof.errors import TraceError, UsageError
+from mgprof.analyze.engine_id import engine_id
+from mgprof.analyze.executor import RankExecutor, TaskLost, make_executor
+from mgprof.analyze.rank_task import RankOutcome, analyze_rank, size_limit_setting
+from mgprof.analyze.trace_cache import FileStamp, TraceCache, default_cache, file_stamp
+from mgprof.analyze.trace_summary import DEFINITIONS_COMMON, RankTraceSummary
+from mgprof.errors import TraceError
 from mgprof.safe_read import file_problem
 
 __all__ = [
+    "JobProgress",
     "JobTraceSummary",
     "analyze_job",
     "execution_trace_reason",
@@ -40,6 +46,11 @@ class JobTraceSummary(msgspec.Struct):
 
 
 _PATTERNS = ("*.json", "*.json.gz")
+MGPROF_OUTPUTS = frozenset(
+    {"run.json", "comparison.json", "sweep.json", "timeline.json", "timeline.json.gz"}
+)
+"""Files mgprof writes into a run directory: JSON, but never one rank's trace (the merged
+timeline is every rank at once)."""
 
 
 _SNIFF_BYTES = 64 * 1024
@@ -83,6 +94,10 @@ def _traces_in(folder: Path, skipped: list[str] | None = None) -> list[Path]:
         found.update(folder.glob(pattern))
     kept = []
     for path in sorted(found):
+        if path.name in MGPROF_OUTPUTS:
+            if skipped is not None:
+                skipped.append(f"{path.name}: written by mgprof, not a profiler trace; skipped")
+            continue
         problem = file_problem(path)
         if problem is not None:
             if skipped is not None:
@@ -118,9 +133,11 @@ def find_trace_files(
             raise TraceError(f"{p}: {problem}; pass a trace file or a folder of them")
         if is_folder:
             here: list[str] = []
-            files = _traces_in(p, here) or (
-                _traces_in(p / "traces", here) if (p / "traces").is_dir() else []
-            )
+            run_dir = (p / "run.json").is_file() and (p / "traces").is_dir()
+            # an mgprof run directory: its traces/ (the folder itself holds only mgprof's files)
+            files = [] if run_dir else _traces_in(p, here)
+            if not files and (p / "traces").is_dir():
+                files = _traces_in(p / "traces", here)
             if skipped is not None:
                 skipped.extend(here)
             if not files:
@@ -135,13 +152,108 @@ def find_trace_files(
     return {k: sorted(set(v)) for k, v in groups.items()}
 
 
-def _analyze_or_error(path: Path, top: int) -> RankTraceSummary | TraceError:
-    """One rank's summary, or the TraceError that says why its file cannot be read (returned,
-    not raised, so that one bad file does not stop the others)."""
+class _Rank:
+    """One file of the job: the path as given (what the summary shows) and its absolute path
+    (what a worker on another machine, or in another folder, opens)."""
+
+    def __init__(self, path: Path) -> None:
+        self.display = str(path)
+        self.absolute = os.path.abspath(self.display)
+        self.stamp: FileStamp | None = None
+        self.nbytes = 0
+
+
+def _ranks(
+    paths: list[Path],
+    top: int,
+    store: TraceCache | None,
+    executor: RankExecutor | None,
+    workers: int | None,
+    progress: JobProgress | None,
+) -> list[RankTraceSummary | TraceError]:
+    """Each file's summary (from the cache when it holds one for the file as it is now) or the
+    TraceError saying why it has none, in the order of ``paths``."""
+    files = [_Rank(p) for p in paths]
+    limit = size_limit_setting()
+    for f in files:
+        f.stamp = file_stamp(f.absolute) if store is not None else None
+        if f.stamp is not None:
+            f.nbytes = f.stamp.size
+        else:
+            try:
+                f.nbytes = os.stat(f.absolute).st_size
+            except OSError:
+                pass
+    results: list[RankTraceSummary | TraceError | None] = [None] * len(files)
+    ex = executor if executor is not None else make_executor(workers)
+    if progress is not None:
+        progress.start(
+            str(paths[0].parent), len(files), sum(f.nbytes for f in files), ex.description
+        )
     try:
-        return analyze_trace_file(path, top)
-    except UsageError as exc:
-        return exc if isinstance(exc, TraceError) else TraceError(str(exc))
+        todo = []
+        for i, f in enumerate(files):
+            cached = _from_cache(store, f, top, limit)
+            if cached is None:
+                todo.append(i)
+                continue
+            results[i] = cached
+            if progress is not None:
+                progress.advance(f.nbytes, cached=True)
+
+        def done(k: int, outcome: Any) -> None:
+            i = todo[k]
+            results[i] = _received(outcome, files[i], store, top, limit)
+            if progress is not None:
+                progress.advance(files[i].nbytes, cached=False)
+
+        engine = engine_id()
+        tasks = [(files[i].absolute, files[i].display, top, limit, engine) for i in todo]
+        ex.map_unordered(analyze_rank, tasks, done)
+    finally:
+        if executor is None:
+            ex.close()
+        if progress is not None:
+            progress.finish()
+    missing = [files[i].display for i, r in enumerate(results) if r is None]
+    if missing:  # an executor that skipped a task without a word is a bug, not a user error
+        raise RuntimeError(f"the executor returned no result for {', '.join(missing[:3])}")
+    return [r for r in results if r is not None]
+
+
+def _from_cache(
+    store: TraceCache | None, f: _Rank, top: int, limit: str | None
+) -> RankTraceSummary | None:
+    if store is None or f.stamp is None:
+        return None
+    payload = store.get(f.absolute, f.display, top, limit, f.stamp)
+    if payload is None:
+        return None
+    try:
+        return _SUMMARY_DECODER.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        store.hits -= 1  # an entry whose summary does not decode was no hit
+        store.misses += 1
+        store.rejected += 1
+        return None
+
+
+def _received(
+    outcome: Any, f: _Rank, store: TraceCache | None, top: int, limit: str | None
+) -> RankTraceSummary | TraceError:
+    """The summary or error a task returned; the summary is cached when the file is unchanged
+    since it was stamped (a file rewritten during its analysis is not cached)."""
+    if isinstance(outcome, TaskLost):
+        return TraceError(f"{f.display}: {outcome.reason}")
+    if not isinstance(outcome, RankOutcome) or (outcome.summary is None) == (outcome.error is None):
+        raise RuntimeError(f"{f.display}: the executor returned {type(outcome).__name__}")
+    if outcome.error is not None:
+        return TraceError(outcome.error)
+    assert outcome.summary is not None
+    summary = _SUMMARY_DECODER.decode(outcome.summary)
+    if store is not None and f.stamp is not None and file_stamp(f.absolute) == f.stamp:
+        store.put(f.absolute, f.display, top, limit, f.stamp, outcome.summary)
+    return summary
 
 
 def _joined(errors: Sequence[TraceError], most: int = 3) -> str:
@@ -166,29 +278,44 @@ def _one_job(ranks: list[RankTraceSummary]) -> str | None:
     return None
 
 
+class JobProgress(Protocol):
+    """Told about a job while it is analysed (``mgprof.report.progress.RankProgress`` draws it)."""
+
+    def start(self, label: str, ranks: int, nbytes: int, where: str) -> None: ...
+
+    def advance(self, nbytes: int, cached: bool) -> None:
+        """One rank is done: ``nbytes`` is its file's size, ``cached`` whether its summary
+        came from the cache."""
+
+    def finish(self) -> None: ...
+
+
+_SUMMARY_DECODER = msgspec.msgpack.Decoder(RankTraceSummary)
+
+
 def analyze_job(
-    files: Sequence[str | Path], top: int = 10, workers: int | None = None
+    files: Sequence[str | Path],
+    top: int = 10,
+    workers: int | None = None,
+    *,
+    executor: RankExecutor | None = None,
+    cache: TraceCache | Literal[False] | None = None,
+    progress: JobProgress | None = None,
 ) -> JobTraceSummary:
     """Analyse every rank file, then match collectives across ranks.
 
-    With several files and ``workers`` > 1 (default: CPU count), ranks are analysed in worker
-    processes that return only their summaries.
+    ``executor`` runs the ranks (default: :func:`make_executor` with ``workers``: local worker
+    processes, one per CPU; or the Dask scheduler in ``$MGPROF_DASK_SCHEDULER``); the result is
+    the same whatever runs it. ``cache``: a :class:`TraceCache`, ``False`` for none, or None
+    for the default one (:func:`default_cache`). A rank that cannot be analysed (bad or missing
+    file, worker died) is named in ``not_applicable["skipped_files"]``; the job fails only when
+    no rank can be analysed.
     """
     paths = [Path(f) for f in files]
     if not paths:
         raise TraceError("no trace files given; pass a trace file or a folder of them")
-    n_workers = min(len(paths), workers if workers is not None else (os.cpu_count() or 1))
-    if n_workers > 1:
-        try:
-            with ProcessPoolExecutor(max_workers=n_workers) as pool:
-                results = list(pool.map(_analyze_or_error, paths, [top] * len(paths)))
-        except BrokenProcessPool:
-            raise TraceError(
-                f"{paths[0].parent}: a worker process died while analysing the traces (killed "
-                "for memory?); pass --workers 1 to analyse one trace at a time"
-            ) from None
-    else:
-        results = [_analyze_or_error(p, top) for p in paths]
+    store = default_cache() if cache is None else (cache or None)
+    results = _ranks(paths, top, store, executor, workers, progress)
     ranks = [r for r in results if isinstance(r, RankTraceSummary)]
     errors = [r for r in results if isinstance(r, TraceError)]
     if not ranks:

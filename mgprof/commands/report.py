@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mgprof.commands.analyze import add_definitions_flag
-from mgprof.commands.trace import add_max_trace_size, trace_size_override, write_out
+from mgprof.commands.trace import (
+    add_engine_flags,
+    add_max_trace_size,
+    engine_env,
+    trace_size_override,
+    write_out,
+)
 from mgprof.errors import UsageError
 
 Renderer = Callable[[Any, Mapping[str, Any]], str]
@@ -63,6 +69,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--force", action="store_true", help="let --out replace an existing file")
     add_max_trace_size(p)
+    add_engine_flags(p)
     add_definitions_flag(p)
     p.set_defaults(func=run)
 
@@ -111,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         out, force = run_dir / "report.html", True
     if out is not None:
         check_out_path(out, force=force, inputs=_run_inputs(run_record, path, run_dir))
-    with trace_size_override(getattr(args, "max_trace_size", None)):
+    with trace_size_override(getattr(args, "max_trace_size", None)), engine_env(args):
         analysis = build_analysis(run_record, run_dir)
     if args.format == "term":
         from rich.console import Console

@@ -34,8 +34,53 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--workers", type=int, default=None, metavar="N", help="processes (default: CPU count)"
     )
+    add_engine_flags(p)
     add_max_trace_size(p)
     p.set_defaults(func=run)
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """``--dask ADDRESS`` and ``--no-cache`` (shared with ``mgprof report``, which reads traces
+    too)."""
+    p.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        default=None,
+        help="analyse the ranks on a Dask cluster (e.g. tcp://host:8786; default "
+        "$MGPROF_DASK_SCHEDULER); its workers read the traces at the same absolute paths. "
+        "Needs pip install 'mgprof[dask]'",
+    )
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="analyse every trace again, neither reading nor writing the summary cache "
+        "($MGPROF_CACHE_DIR, default ~/.cache/mgprof)",
+    )
+
+
+@contextmanager
+def engine_env(args: argparse.Namespace) -> Iterator[None]:
+    """``--dask`` and ``--no-cache`` as the environment the analysis reads
+    (``MGPROF_DASK_SCHEDULER``, ``MGPROF_NO_CACHE``), for commands whose analysis runs deep
+    below them (``mgprof report``); the previous values are restored after."""
+    from mgprof.analyze.executor import DASK_ENV
+    from mgprof.analyze.trace_cache import NO_CACHE_ENV
+
+    wanted = {DASK_ENV: getattr(args, "dask", None) or None}
+    if getattr(args, "no_cache", False):
+        wanted[NO_CACHE_ENV] = "1"
+    before = {k: os.environ.get(k) for k in wanted}
+    for key, value in wanted.items():
+        if value is not None:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def size_arg(text: str) -> int:
@@ -96,7 +141,7 @@ def write_out(out: Path, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imports here keep `mgprof --help` fast and free of numpy.
-    from mgprof.analyze.trace_summary import analyze_job, find_trace_files
+    from mgprof.analyze.trace_summary import find_trace_files
     from mgprof.report.trace_terminal import jobs_to_json, render_job
     from mgprof.safe_read import check_out_path
 
@@ -104,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--top must be 0 or more")
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be 1 or more")
+    if args.workers is not None and args.dask:
+        raise UsageError("--workers sets local processes and --dask a cluster; pass one of them")
     out = Path(args.out) if args.out else None
     if out is not None:
         check_out_path(out, force=args.force)
@@ -113,8 +160,7 @@ def run(args: argparse.Namespace) -> int:
     if out is not None:
         inputs = [f for files in groups.values() for f in files]
         check_out_path(out, force=args.force, inputs=[*inputs, *args.paths])
-    with trace_size_override(getattr(args, "max_trace_size", None)):
-        jobs = [analyze_job(files, top=args.top, workers=args.workers) for files in groups.values()]
+    jobs = _analyze(groups, args)
     if skipped:
         for job in jobs:
             unreadable = job.not_applicable.get("skipped_files")
@@ -143,6 +189,33 @@ def run(args: argparse.Namespace) -> int:
     for job in jobs:
         render_job(job, console, top=args.top)
     return 0
+
+
+def _analyze(groups: dict[str, list[Path]], args: argparse.Namespace) -> list[Any]:
+    """Every folder's job, on one executor (one connection to a Dask cluster for them all)."""
+    from mgprof.analyze.executor import make_executor
+    from mgprof.analyze.trace_summary import analyze_job
+
+    progress = None
+    if sys.stdout.isatty() and sys.stderr.isatty():  # rich only where a line can be drawn
+        from mgprof.report.progress import RankProgress
+
+        progress = RankProgress.on_terminal()
+    with trace_size_override(getattr(args, "max_trace_size", None)):
+        executor = make_executor(args.workers, args.dask)
+        try:
+            return [
+                analyze_job(
+                    files,
+                    top=args.top,
+                    executor=executor,
+                    cache=False if args.no_cache else None,
+                    progress=progress,
+                )
+                for files in groups.values()
+            ]
+        finally:
+            executor.close()
 
 
 def _dumps(data: Any) -> str:
