@@ -42,7 +42,8 @@ def quiet(text: str) -> str:
 def clean_env(**extra: str) -> dict[str, str]:
     """The current environment without mgprof's or torchrun's variables, one thread per process."""
     drop = ("MGPROF_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    keep = ("MGPROF_CACHE_DIR",)  # the tests' private trace cache (conftest)
+    env = {k: v for k, v in os.environ.items() if k in keep or not k.startswith(drop)}
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_trace_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests' trace-summary cache lives in a temporary folder (inherited by every process a
+    test starts), never in the user's ~/.cache/mgprof."""
+    import os
+
+    before = os.environ.get("MGPROF_CACHE_DIR")
+    os.environ["MGPROF_CACHE_DIR"] = str(tmp_path_factory.mktemp("trace-cache"))
+    yield
+    if before is None:
+        os.environ.pop("MGPROF_CACHE_DIR", None)
+    else:
+        os.environ["MGPROF_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="session")

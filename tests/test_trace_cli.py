@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,22 @@ def test_bad_input_exit_2_one_line_nothing_written(
     assert str(path) in lines[0]
     assert captured.out == ""
     assert not out.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_run_directory_is_read_as_its_traces(cpu_run_dir: Path) -> None:
+    """``mgprof trace RUN_DIR``: the ranks of traces/, never run.json or the merged timeline
+    (a valid Chrome trace of every rank at once) that mgprof wrote beside them."""
+    assert (cpu_run_dir / "timeline.json.gz").is_file()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mgprof", "trace", str(cpu_run_dir), "--json", "--workers", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (job,) = json.loads(proc.stdout)["jobs"]
+    assert [Path(r["source"]).name for r in job["ranks"]] == [
+        "rank0.pt.trace.json.gz",
+        "rank1.pt.trace.json.gz",
+    ]
+    assert [r["rank"] for r in job["ranks"]] == [0, 1]

@@ -61,16 +61,17 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--workers", type=int, default=None, metavar="N", help="processes for trace folders"
     )
-    from mgprof.commands.trace import add_max_trace_size
+    from mgprof.commands.trace import add_engine_flags, add_max_trace_size
 
     add_max_trace_size(p)
+    add_engine_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from mgprof.analyze.diff import diff_sides, parse_fail_on
     from mgprof.analyze.diff_load import load_sides
-    from mgprof.commands.trace import trace_size_override, write_out
+    from mgprof.commands.trace import engine_env, trace_size_override, write_out
     from mgprof.report.diff_view import diff_to_html, diff_to_json, diff_to_markdown, render_diff
     from mgprof.safe_read import check_out_path
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if out is not None:
         check_out_path(out, force=args.force, inputs=[Path(args.base), Path(args.new)])
-    with trace_size_override(getattr(args, "max_trace_size", None)):
+    with trace_size_override(getattr(args, "max_trace_size", None)), engine_env(args):
         base, new = load_sides(args.base, args.new, workers=args.workers)
     diff = diff_sides(base, new, specs)
     if fmt == "term":
