@@ -29,16 +29,11 @@ import numpy as np
 
 from mgprof.analyze.gc_pause import gc_paused as _gc_paused
 from mgprof.analyze.trace_load import (
-    _CHUNK_BYTES,
-    _EVENT_GAP_RE,
-    _EVENTS_KEY_RE,
-    _GAP_LOOKBACK,
-    _KEY_SEARCH_BYTES,
-    _READ_BYTES,
-    _Bounded,
     _event_chunks,
     _open_trace,
     _read_bytes,
+    event_slices,
+    events_key,
 )
 from mgprof.analyze.trace_reduce import _ANNOTATION_PREFIXES, _MAX_DUR_US, _MAX_TS_US, _step_number
 from mgprof.analyze.trace_schema import Num, Text, _as_int, _TraceOutline
@@ -245,23 +240,6 @@ class _Columns:
             self.s_name.append(self.names.setdefault(name, len(self.names)))
 
 
-def _after_key(stream: _Bounded) -> bytearray | None:
-    """The bytes after ``"traceEvents": [`` (looked for as load_trace does), once the head
-    before it decodes as the start of a JSON object; None when it is not found."""
-    buf = bytearray()
-    while len(buf) <= _KEY_SEARCH_BYTES:
-        block = stream.read(_READ_BYTES)
-        if not block:
-            return None
-        searched = max(0, len(buf) - 32)
-        buf += block
-        m = _EVENTS_KEY_RE.search(buf, searched)
-        if m is not None:
-            msgspec.json.decode(bytes(buf[: m.end()]) + b"]}", type=_TraceOutline)
-            return buf[m.end() :]
-    return None
-
-
 def _stream_file(path: Path) -> _Columns | None:
     """Reduce the events while the file is read, ~1 MB of JSON at a time, cut at ``}, {``
     gaps as load_trace cuts them (a cut inside a string fails to decode); None where that does
@@ -270,28 +248,22 @@ def _stream_file(path: Path) -> _Columns | None:
     stream = _open_trace(path)
     with stream.raw:
         try:
-            rest = _after_key(stream)
-            if rest is None:
+            found = events_key(path, stream)
+            if found is None:
                 return None
-            scan = 0  # no gap starts in rest[:scan]
-            while True:
-                block = stream.read(_READ_BYTES)
-                rest += block
-                pos = 0
-                while len(rest) - pos > _CHUNK_BYTES:
-                    gap = _EVENT_GAP_RE.search(rest, max(pos + _CHUNK_BYTES, scan))
-                    if gap is None:
-                        scan = max(len(rest) - _GAP_LOOKBACK, 0)
-                        break
-                    cols.feed(_DECODER.decode(b"[" + rest[pos : gap.start() + 1] + b"]"))
-                    pos = gap.end() - 1
-                if pos:
-                    del rest[:pos]
-                    scan = max(scan - pos, 0)
-                if not block:
-                    break
+            head, rest = found
+            msgspec.json.decode(head, type=_TraceOutline)  # the start of a JSON object
+            for events in event_slices(stream, rest, _DECODER.decode):
+                cols.feed(events)
             tail = msgspec.json.decode(b'{"traceEvents": [' + rest, type=_MemTrace)
-        except (OSError, EOFError, zlib.error, msgspec.ValidationError, msgspec.DecodeError):
+        except (
+            OSError,
+            EOFError,
+            zlib.error,
+            msgspec.ValidationError,
+            msgspec.DecodeError,
+            TraceError,  # not an object: the whole-document path gives the precise line
+        ):
             return None
     cols.feed(tail.traceEvents or [])
     return cols

@@ -22,18 +22,12 @@ import msgspec
 
 from mgprof.analyze.gc_pause import gc_paused
 from mgprof.analyze.trace_load import (
-    _CHUNK_BYTES,
-    _EVENT_GAP_RE,
-    _EVENTS_KEY_RE,
-    _GAP_LOOKBACK,
-    _KEY_SEARCH_BYTES,
-    _READ_BYTES,
-    _WHITESPACE,
     _Bounded,
     _decode,
-    _not_an_object,
     _open_trace,
     _read_bytes,
+    event_slices,
+    events_key,
 )
 from mgprof.errors import TraceError
 
@@ -83,55 +77,22 @@ def _stream(
 ) -> Iterator[list[T]]:
     """Slices of decoded events; returns without yielding when the layout is not recognised
     (the whole-document path decides), raises _Restart when a slice fails after others."""
-    buf = bytearray()
-    first_checked = False
-    while True:
-        block = stream.read(_READ_BYTES)
-        if not block:
-            return
-        searched = max(0, len(buf) - 32)
-        buf += block
-        if not first_checked:
-            stripped = block.lstrip(_WHITESPACE)
-            if stripped:
-                if stripped[0] != ord("{"):
-                    raise _not_an_object(path, stripped[0])
-                first_checked = True
-        m = _EVENTS_KEY_RE.search(buf, searched)
-        if m is not None:
-            break
-        if len(buf) > _KEY_SEARCH_BYTES:
-            return
+    found = events_key(path, stream)
+    if found is None:
+        return
+    head, rest = found
     try:
-        _merge(meta, msgspec.json.decode(bytes(buf[: m.end()]) + b"]}", type=_Outline))
+        _merge(meta, msgspec.json.decode(head, type=_Outline))
     except (msgspec.ValidationError, msgspec.DecodeError):
         return
-    rest = buf[m.end() :]
-    del buf
-    scan = 0
-    while True:
-        block = stream.read(_READ_BYTES)
-        if block:
-            rest += block
-        pos = 0
-        with memoryview(rest) as view:
-            while len(rest) - pos > _CHUNK_BYTES:
-                gap = _EVENT_GAP_RE.search(rest, max(pos + _CHUNK_BYTES, scan))
-                if gap is None:
-                    scan = max(len(rest) - _GAP_LOOKBACK, 0)
-                    break
-                piece = b"".join((b"[", view[pos : gap.start() + 1], b"]"))
-                try:
-                    events = decoder.decode(piece)
-                except (msgspec.ValidationError, msgspec.DecodeError):
-                    raise _Restart from None
-                yield events
-                pos = gap.end() - 1
-        if pos:
-            rest = rest[pos:]
-            scan = max(scan - pos, 0)
-        if not block:
-            break
+
+    def decode(piece: bytes) -> list[T]:
+        try:
+            return decoder.decode(piece)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            raise _Restart from None
+
+    yield from event_slices(stream, rest, decode)
     try:
         tail = msgspec.json.decode(b"".join((b'{"traceEvents": [', rest)), type=_Outline)
         events = decoder.decode(tail.traceEvents) if tail.traceEvents else []

@@ -133,10 +133,12 @@ def find_trace_files(
             raise TraceError(f"{p}: {problem}; pass a trace file or a folder of them")
         if is_folder:
             here: list[str] = []
-            run_dir = (p / "run.json").is_file() and (p / "traces").is_dir()
+            # os.path never raises (Path.is_file does, in a folder that cannot be read)
+            has_traces = os.path.isdir(p / "traces")
+            run_dir = has_traces and os.path.isfile(p / "run.json")
             # an mgprof run directory: its traces/ (the folder itself holds only mgprof's files)
             files = [] if run_dir else _traces_in(p, here)
-            if not files and (p / "traces").is_dir():
+            if not files and has_traces:
                 files = _traces_in(p / "traces", here)
             if skipped is not None:
                 skipped.extend(here)

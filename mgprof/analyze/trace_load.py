@@ -36,10 +36,10 @@ import queue
 import re
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, BinaryIO, cast
+from typing import IO, BinaryIO, TypeVar, cast
 
 import msgspec
 
@@ -72,6 +72,8 @@ from mgprof.analyze.trace_schema import (
 )
 from mgprof.errors import TraceError
 from mgprof.safe_read import format_size, open_regular, parse_size
+
+_T = TypeVar("_T")
 
 __all__ = [
     "COMM_KERNEL_RE",
@@ -385,19 +387,12 @@ def _not_an_object(path: Path, first: int) -> TraceError:
     )
 
 
-def _stream_events(
-    path: Path, stream: _Bounded
-) -> tuple[_Reducer, msgspec.Raw, msgspec.Raw] | None:
-    """Reduce ``traceEvents`` while reading ``stream``; None when the layout is not recognised.
-
-    The head (up to ``"traceEvents": [``, looked for in the first ``_KEY_SEARCH_BYTES``) is
-    checked to be the start of a top-level object by decoding it closed as ``...[]}``; events
-    are then decoded in slices of about 1 MB cut at ``}, {`` gaps (a cut inside a string or
-    nested value makes the slice fail to decode), and the rest of the file, which holds the last
-    events and the keys after the list, is decoded as a document of its own. Neither the whole
-    file nor all decoded events are held at once. A file that does not start with ``{`` is
-    refused at once (TraceError), whatever its size.
-    """
+def events_key(path: Path, stream: _Bounded) -> tuple[bytes, bytearray] | None:
+    """Read ``stream`` up to and past ``"traceEvents": [`` (looked for in the first
+    ``_KEY_SEARCH_BYTES``): the head closed as ``...[]}`` (decode it to check it is the start of
+    a top-level object and read the keys before the list), and the bytes after the key; None
+    when the key is not found there. A file that does not start with ``{`` is refused at once
+    (TraceError), whatever its size. Shared by every reader that streams a trace."""
     buf = bytearray()
     first_checked = False
     while True:
@@ -417,10 +412,18 @@ def _stream_events(
             break
         if len(buf) > _KEY_SEARCH_BYTES:
             return None
-    head = msgspec.json.decode(bytes(buf[: m.end()]) + b"]}", type=_TraceOutline)
-    rest = buf[m.end() :]
-    del buf
-    red = _Reducer()
+    head = bytes(buf[: m.end()]) + b"]}"
+    del buf[: m.end()]
+    return head, buf
+
+
+def event_slices(stream: _Bounded, rest: bytearray, decode: Callable[[bytes], _T]) -> Iterator[_T]:
+    """``decode`` of each slice of about ``_CHUNK_BYTES`` of the event list, read from
+    ``stream`` after ``rest`` (the bytes after the key, from :func:`events_key`), cut at
+    ``}, {`` gaps and passed as ``[...]``. A cut inside a string or a nested value makes that
+    slice fail to decode: ``decode``'s error propagates and the caller decides. When the stream
+    ends, ``rest`` holds the bytes after the last cut: the last events and the keys after the
+    list, for the caller to decode as ``{"traceEvents": [`` + rest."""
     scan = 0  # no gap starts in rest[:scan]: a search that failed resumes there (linear time)
     while True:
         block = stream.read(_READ_BYTES)
@@ -434,15 +437,36 @@ def _stream_events(
                     scan = max(len(rest) - _GAP_LOOKBACK, 0)
                     break
                 # One copy per slice: the join reads the bytes through the view.
-                red.feed(
-                    _EVENTS_DECODER.decode(b"".join((b"[", view[pos : gap.start() + 1], b"]")))
-                )
+                yield decode(b"".join((b"[", view[pos : gap.start() + 1], b"]")))
                 pos = gap.end() - 1
         if pos:
-            rest = rest[pos:]  # the bytes after the last cut (less than a slice, or gapless)
+            del rest[:pos]  # the bytes after the last cut (less than a slice, or gapless)
             scan = max(scan - pos, 0)
         if not block:
-            break
+            return
+
+
+def _stream_events(
+    path: Path, stream: _Bounded
+) -> tuple[_Reducer, msgspec.Raw, msgspec.Raw] | None:
+    """Reduce ``traceEvents`` while reading ``stream``; None when the layout is not recognised.
+
+    The head (up to ``"traceEvents": [``, looked for in the first ``_KEY_SEARCH_BYTES``) is
+    checked to be the start of a top-level object by decoding it closed as ``...[]}``; events
+    are then decoded in slices of about 1 MB cut at ``}, {`` gaps (a cut inside a string or
+    nested value makes the slice fail to decode), and the rest of the file, which holds the last
+    events and the keys after the list, is decoded as a document of its own. Neither the whole
+    file nor all decoded events are held at once. A file that does not start with ``{`` is
+    refused at once (TraceError), whatever its size.
+    """
+    found = events_key(path, stream)
+    if found is None:
+        return None
+    head_bytes, rest = found
+    head = msgspec.json.decode(head_bytes, type=_TraceOutline)
+    red = _Reducer()
+    for events in event_slices(stream, rest, _EVENTS_DECODER.decode):
+        red.feed(events)
     tail = msgspec.json.decode(b"".join((b'{"traceEvents": [', rest)), type=_Trace)
     del rest
     red.feed(tail.traceEvents or [])
