@@ -44,10 +44,14 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[written:]
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+def write_bytes_atomic(
+    path: str | os.PathLike[str], data: bytes, *, durable: bool = True, private: bool = False
+) -> Path:
     """Write ``data`` to ``path`` through a temp file in the same folder and a rename.
 
-    The file gets the mode the user's umask gives a new file (tempfile's 0600 is widened).
+    The file gets the mode the user's umask gives a new file (tempfile's 0600 is widened), or
+    stays 0600 when ``private``. ``durable=False`` skips the fsync, for files whose loss costs
+    only a recomputation (the trace-summary cache: a torn entry fails its digest).
     """
     target = Path(path)
     _check_size(len(data))
@@ -56,10 +60,12 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     try:
         try:
             _write_all(fd, data)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
-        os.chmod(tmp, 0o666 & ~current_umask())
+        if not private:
+            os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, target)
     except BaseException:
         try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 
@@ -179,26 +178,10 @@ class TraceCache:
     def _write(self, target: Path, data: bytes) -> None:
         """Through a temp file and a rename: a reader sees the old entry or the new one. No
         fsync: a torn entry fails its digest and is recomputed."""
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700 if self.private else 0o777)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-            if not self.private:
-                from mgprof.atomic import current_umask
+        from mgprof.atomic import write_bytes_atomic
 
-                os.chmod(tmp, 0o666 & ~current_umask())
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700 if self.private else 0o777)
+        write_bytes_atomic(target, data, durable=False, private=self.private)
 
     def prune(self, now: float | None = None) -> int:
         """Remove entries unused for 30 days (and left-over temp files), at most once a day
@@ -217,7 +200,8 @@ class TraceCache:
         removed = 0
         for root, dirs, files in os.walk(self.folder, topdown=False):
             for name in files:
-                if not (name.endswith(".msgpack") or name.startswith(".tmp-")):
+                temp = name.startswith(".") and name.endswith(".tmp")  # a write cut short
+                if not (name.endswith(".msgpack") or temp):
                     continue
                 p = os.path.join(root, name)
                 try:
