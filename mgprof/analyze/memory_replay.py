@@ -42,8 +42,9 @@ _GROW = frozenset(("segment_alloc", "segment_map"))
 _SHRINK = frozenset(("segment_free", "segment_unmap"))
 
 
-def _int(v: Any) -> int | None:
-    """An int field of an entry (bool and float-with-fraction are not), else None."""
+def snapshot_int(v: Any) -> int | None:
+    """An int field of a snapshot entry (bool and float-with-fraction are not), else None;
+    shared with ``memory_snapshot``."""
     if type(v) is int:
         return v
     if type(v) is float and v.is_integer():
@@ -96,7 +97,7 @@ class Replay:
         for f in self.freed_at:
             if index < f:
                 e = entries[f]
-                blocks.append((_int(e.get("size")) or 0, e.get("frames"), True))
+                blocks.append((snapshot_int(e.get("size")) or 0, e.get("frames"), True))
         at, end, size = self.alloc_at, self.alloc_end, self.alloc_size
         for j in range(len(at)):
             if at[j] <= index < end[j]:
@@ -122,7 +123,7 @@ def replay(
     for i, e in enumerate(entries):
         action = e.get("action")
         if action == "alloc":
-            addr, size = _int(e.get("addr")), _int(e.get("size"))
+            addr, size = snapshot_int(e.get("addr")), snapshot_int(e.get("size"))
             if addr is None or size is None:
                 r.skipped += 1
                 continue
@@ -139,13 +140,13 @@ def replay(
                 best, r.peak_index = cur, i
                 r.reserved_at_peak, r.pending_at_peak = resv, pend
         elif action == "free_completed":
-            addr = _int(e.get("addr"))
+            addr = snapshot_int(e.get("addr"))
             if addr is None:
                 r.skipped += 1
                 continue
             j = live.pop(addr, None)
             if j is None:
-                size = _int(e.get("size"))
+                size = snapshot_int(e.get("size"))
                 if size is None:
                     r.skipped += 1
                     continue
@@ -159,16 +160,16 @@ def replay(
             if held is not None:
                 pend -= held
         elif action == "free_requested":
-            addr = _int(e.get("addr"))
+            addr = snapshot_int(e.get("addr"))
             if addr is None or addr in pending:
                 continue
             j = live.get(addr)
-            size = sizes[j] if j is not None else _int(e.get("size"))
+            size = sizes[j] if j is not None else snapshot_int(e.get("size"))
             if size is not None:
                 pending[addr] = size
                 pend += size
         elif action in _GROW or action in _SHRINK:
-            size = _int(e.get("size"))
+            size = snapshot_int(e.get("size"))
             if size is None:
                 r.skipped += 1
                 continue

@@ -27,6 +27,7 @@ import msgspec
 
 from mgprof.analyze.gc_pause import gc_paused as _gc_paused
 from mgprof.analyze.memory_replay import Block, Replay, replay
+from mgprof.analyze.memory_replay import snapshot_int as _int
 from mgprof.errors import UsageError
 from mgprof.safe_read import read_regular, record_size_limit
 
@@ -166,14 +167,6 @@ class DeviceImbalance(msgspec.Struct, kw_only=True):
 
 def _mib(nbytes: float) -> float:
     return round(nbytes / MIB, 6)
-
-
-def _int(v: Any) -> int | None:
-    if type(v) is int:
-        return v
-    if type(v) is float and v.is_integer():
-        return int(v)
-    return None
 
 
 def _num(v: Any) -> float | None:
