@@ -153,6 +153,8 @@ class TrainingFacts(Struct):
     ddp_gradient_mib: float | None = None
     """Size of the gradients a DistributedDataParallel module all-reduces per step (its trainable
     parameters' bytes), to compare with ``ddp_bucket_cap_mb``."""
+    precision: PrecisionRecord | None = None
+    """What ``--precision`` did on this rank (None: not asked)."""
 
 
 class AutoWrapRecord(Struct):
@@ -170,6 +172,42 @@ class AutoWrapRecord(Struct):
     """True when mgprof initialised the process group (the script had none)."""
     reason: str | None = None
     """Why nothing was wrapped (the script wraps itself, no optimizer, ...)."""
+
+
+class PrecisionRecord(Struct):
+    """The numeric precision one rank trained in under ``--precision``, and the loss it reached.
+
+    mgprof applies ``torch.autocast`` around the trained module's forward (found as auto-wrap
+    finds it); the loss is read from the scalar each ``Tensor.backward`` starts from.
+    """
+
+    requested: str
+    """``fp32``, ``bf16`` or ``fp16`` (``mgprof.collect.precision.PRECISIONS``)."""
+    applied: bool = False
+    """The trained module's forward ran under mgprof's autocast setting."""
+    device_type: str | None = None
+    module_class: str | None = None
+    reason: str | None = None
+    """Why the setting was not applied (no trained module found, ...)."""
+    script_autocast: str | None = None
+    """The dtype of the script's own autocast around the model's forward (``bfloat16``), which
+    mgprof's setting replaced there; None when the script used none."""
+    script_grad_scaler: bool = False
+    """The script made an enabled ``GradScaler`` of its own."""
+    loss_scaling: Literal["inserted", "script", "none"] | None = None
+    """fp16: ``inserted`` (mgprof's GradScaler at backward and optimizer.step), ``script`` (the
+    script's own), ``none`` (speed only: ``loss_scaling_note`` says why)."""
+    loss_scaling_note: str | None = None
+    skipped_updates: int = 0
+    """Optimizer steps mgprof's GradScaler skipped because gradients were inf/NaN."""
+    losses: list[float | None] = msgspec.field(default_factory=list)
+    """Per optimizer update (from the first): the sum of the scalar losses backpropagated in
+    it (several with gradient accumulation); None for an update without one, or whose loss
+    was inf/NaN (JSON has neither: see ``nonfinite``)."""
+    nonfinite: list[int] = msgspec.field(default_factory=list)
+    """Indices into ``losses`` of the updates whose loss was inf or NaN."""
+    losses_truncated: bool = False
+    """More updates ran than ``MAX_LOSSES``; the later ones were not recorded."""
 
 
 class NoiseScaleRecord(Struct):

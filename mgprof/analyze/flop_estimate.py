@@ -7,7 +7,16 @@ from dataclasses import dataclass
 
 import msgspec
 
-__all__ = ["FLOPS_ESTIMATED", "PREC_FP32", "PREC_FP64", "PREC_REDUCED", "estimate_flops"]
+__all__ = [
+    "FLOPS_ESTIMATED",
+    "PREC_FP32",
+    "PREC_FP64",
+    "PREC_REDUCED",
+    "GemmPrecisionFacts",
+    "estimate_flops",
+    "gemm_precision_facts",
+    "leaf_gemm_time",
+]
 
 # --- FLOP estimates from ``Input Dims`` (record_shapes=True) -----------------------------------
 # Current torch does not write ``args.flops`` into the exported Chrome trace even with
@@ -285,3 +294,61 @@ def _close(stack: list[_OpNode], acc: list[float], skipped: dict[str, int]) -> N
         stack[-1].has_inner = True
         if node.inner_known or node.flops is not None:
             stack[-1].inner_known = True
+
+
+_PREC_KEYS = {PREC_REDUCED: "reduced", PREC_FP32: "fp32", PREC_FP64: "fp64"}
+
+
+def leaf_gemm_time(ops: list[tuple[str, float, float, int]]) -> dict[str, float]:
+    """Host µs of the innermost GEMM/conv ops by operand precision: ``reduced`` (bf16, fp16,
+    fp8, int8), ``fp32``, ``fp64``, ``unknown`` (mixed or unrecorded types).
+
+    The innermost op is the one that computes (``aten::linear`` > ``aten::addmm``: autocast
+    casts the operands on the way in, so the outer op still shows float32 inputs). On a CPU
+    trace its host time is the compute; on a GPU trace it is the launch cost, and
+    ``tensor_cores`` says where the kernels ran.
+    """
+    out: dict[str, float] = {}
+    by_tid: dict[str, list[tuple[float, float, int]]] = {}
+    for tid, s, e, prec in ops:
+        by_tid.setdefault(tid, []).append((s, e, prec))
+    for items in by_tid.values():
+        items.sort(key=lambda t: (t[0], -t[1]))
+        for k, (s, e, prec) in enumerate(items):
+            nxt = items[k + 1] if k + 1 < len(items) else None
+            if nxt is not None and nxt[0] < e:
+                continue  # a GEMM op starts inside this one: this one is not the innermost
+            key = _PREC_KEYS.get(prec, "unknown")
+            out[key] = out.get(key, 0.0) + max(e - s, 0.0)
+    return out
+
+
+class GemmPrecisionFacts(msgspec.Struct):
+    """Where the innermost GEMM/conv ops' host time went by operand precision (µs, and % of
+    their time): the evidence that a precision setting reached the matrix multiplies."""
+
+    reduced_us: float
+    fp32_us: float
+    fp64_us: float
+    unknown_us: float
+    reduced_pct: float | None
+    fp32_pct: float | None
+
+
+def gemm_precision_facts(us: dict[str, float]) -> GemmPrecisionFacts | None:
+    """None when the trace has no GEMM/conv op."""
+    total = sum(us.values())
+    if total <= 0:
+        return None
+
+    def pct(key: str) -> float:
+        return 100.0 * us.get(key, 0.0) / total
+
+    return GemmPrecisionFacts(
+        reduced_us=us.get("reduced", 0.0),
+        fp32_us=us.get("fp32", 0.0),
+        fp64_us=us.get("fp64", 0.0),
+        unknown_us=us.get("unknown", 0.0),
+        reduced_pct=pct("reduced"),
+        fp32_pct=pct("fp32"),
+    )

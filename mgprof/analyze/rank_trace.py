@@ -122,6 +122,8 @@ class RankTrace(msgspec.Struct):
     # External id of each device row's launching op (-1: none), and PREC_* of GEMM/conv ops.
     dev_ext: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     gemm_precision: dict[int, int] = msgspec.field(default_factory=dict)
+    gemm_host_us: dict[str, float] = msgspec.field(default_factory=dict)
+    """Host time of the innermost GEMM/conv ops by operand precision (``leaf_gemm_time``)."""
     flops_source: str | None = None
     flops_estimate_skipped: dict[str, int] = msgspec.field(default_factory=dict)
     notes: list[str] = msgspec.field(default_factory=list)

@@ -24,6 +24,8 @@ import msgspec
 from mgprof.analyze.device_peaks import device_peak_tflops
 from mgprof.analyze.noise_scale import DEFINITIONS as NOISE_DEFINITIONS
 from mgprof.analyze.noise_scale import noise_scale_analysis
+from mgprof.analyze.precision import DEFINITIONS as PRECISION_DEFINITIONS
+from mgprof.analyze.precision import precision_analysis
 from mgprof.analyze.run_job_figures import job_analysis
 from mgprof.analyze.run_memory import memory_analysis
 from mgprof.analyze.run_rank_figures import analyze_rank
@@ -87,6 +89,10 @@ def analyze_run(
         "warnings": traces.warnings,
         "noise_scale": noise_scale_analysis(run),
     }
+    precision = precision_analysis(run)
+    if precision is not None:
+        out["precision"] = precision
+        out["definitions"].update(PRECISION_DEFINITIONS)
     memory = memory_analysis(run, run_dir)
     if memory is not None:
         out["memory"] = memory

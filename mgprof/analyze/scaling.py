@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from mgprof.analyze.grad_sync import INDEPENDENT_LABEL
+from mgprof.analyze.precision import LossCheck
 from mgprof.analyze.readers import num as _num
 from mgprof.analyze.run_steps import usual_batch_sizes
 from mgprof.errors import RunRecordError
@@ -73,6 +74,25 @@ class Row(msgspec.Struct, kw_only=True):
     grad_sync: str | None = None
     """The run's gradient-sync verdict (``mgprof.analyze.grad_sync``): a row whose ranks
     trained independent replicas gets no throughput, speedup or efficiency."""
+    precision: str | None = None
+    """``--precision`` of this row (fp32, bf16, fp16, or ``script``: the script's own setting,
+    loss recorded); None when the comparison has no precision rows."""
+    precision_setting: str | None = None
+    """What ran, in words (``mgprof.analyze.precision.setting_label``)."""
+    precision_baseline: str | None = None
+    """The precision row of the same strategy the next figures are relative to."""
+    precision_speedup: float | None = None
+    """samples/s ÷ the baseline precision row's (step-time ratio when there is no throughput)."""
+    peak_mem_change_pct: float | None = None
+    """Mean peak memory per device against the baseline precision row's."""
+    reduced_gemm_pct: float | None = None
+    """Share of the innermost GEMM/conv ops' host time with bf16/fp16/fp8/int8 operands
+    (trace ``gemm_precision``, mean over ranks)."""
+    tensor_core_pct: float | None = None
+    """GPU: tensor-core share of compute-kernel time (trace ``tensor_cores``, mean over ranks)."""
+    mfu_pct: float | None = None
+    loss_check: LossCheck | None = None
+    """The loss per update against the baseline precision row's (``loss_check``)."""
     notes: list[str] = msgspec.field(default_factory=list)
 
 
@@ -105,8 +125,12 @@ class Comparison(msgspec.Struct, kw_only=True):
     bandwidth: dict[str, Any] | None = None
     """The bandwidth probe's result at the DDP row's message sizes (``mgprof doctor
     --bandwidth``'s format), when the DDP row had collectives with a bus bandwidth."""
+    precisions: list[str] = msgspec.field(default_factory=list)
+    """``--precision`` rows per strategy, in order (``script`` first when the script brought
+    its own autocast/GradScaler); empty without ``--precision``."""
     runs: dict[str, str] = msgspec.field(default_factory=dict)
-    """strategy -> run directory relative to the comparison directory."""
+    """strategy (``strategy precision`` with precision rows) -> run directory relative to the
+    comparison directory."""
     verdict: str = ""
     definitions: dict[str, str] = msgspec.field(default_factory=lambda: dict(DEFINITIONS))
 
@@ -191,8 +215,8 @@ def _comm(row: Row, ranks: Sequence[Mapping[str, Any]]) -> None:
         row.notes.append(f"trace communication not measured: {why or 'no trace figures'}")
 
 
-def _ab(row: Row, ab: Mapping[str, Any] | None) -> None:
-    if row.strategy != "ddp":
+def _ab(row: Row, ab: Mapping[str, Any] | None, asked: bool = True) -> None:
+    if row.strategy != "ddp" or not asked:
         return
     if ab is None:
         row.notes.append("sync A/B: no result from rank 0 (the run stopped before it began?)")
@@ -217,6 +241,7 @@ def build_row(
     run_name: str,
     expected_batch: int | None,
     ab: Mapping[str, Any] | None = None,
+    ab_asked: bool = True,
 ) -> Row:
     """One strategy's row from its run record, its analysis and (DDP) its A/B result.
 
@@ -262,7 +287,7 @@ def build_row(
         why = na.get("samples_per_s") if isinstance(na, Mapping) else None
         row.notes.append(f"throughput not measured: {why or 'unknown reason'}")
     _comm(row, ranks)
-    _ab(row, ab)
+    _ab(row, ab, ab_asked)
     _trace_vs_ab(row)
     _memory(row, ranks)
     return row
@@ -287,10 +312,13 @@ def _trace_vs_ab(row: Row) -> None:
 
 
 def add_speedups(rows: Sequence[Row]) -> None:
-    """Speedup against the single-device row and efficiency = speedup / devices, in place."""
-    base = next((r for r in rows if r.strategy == "single"), None)
-    base_thr = base.samples_per_s if base is not None else None
+    """Speedup against the single-device row of the same precision and efficiency = speedup /
+    devices, in place."""
     for row in rows:
+        base = next(
+            (r for r in rows if r.strategy == "single" and r.precision == row.precision), None
+        )
+        base_thr = base.samples_per_s if base is not None else None
         if row.samples_per_s is None:
             continue
         if not base_thr:

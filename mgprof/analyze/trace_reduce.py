@@ -15,6 +15,7 @@ from mgprof.analyze.flop_estimate import (
     _leaf_flops,
     _precision,
     estimate_flops,
+    leaf_gemm_time,
 )
 from mgprof.analyze.operators import host_op_columns
 from mgprof.analyze.rank_trace import (
@@ -209,6 +210,7 @@ class _Reducer:
         self.shape_of: dict[bytes, int] = {b"": 0}  # raw Input Dims JSON -> index
         # GEMM/conv ops: (tid, start, end, flops or None, reason)
         self.flop_ops: list[tuple[str, float, float, float | None, str]] = []
+        self.gemm_ops: list[tuple[str, float, float, int]] = []  # (thread, start, end, PREC_*)
         self.gemm_prec: dict[int, int] = {}  # External id -> PREC_* of GEMM/conv ops
         self.flops_total = 0.0
         self.flops_ops = 0
@@ -468,11 +470,11 @@ class _Reducer:
         if flags & _N_FLOP_OP:
             est, why = _flop_estimate(name, args)
             self.flop_ops.append((tid, ts, end, est, why))
+            prec = _precision(name, args.input_type)
+            self.gemm_ops.append((tid, ts, end, prec))
             ext = _as_int(args.external_id)
-            if ext is not None:
-                prec = _precision(name, args.input_type)
-                if prec:
-                    self.gemm_prec[ext] = prec
+            if ext is not None and prec:
+                self.gemm_prec[ext] = prec
         elif flags & _N_PARAM_COMMS:
             ca = _comm_args(args)
             if ca is not None:
@@ -660,6 +662,7 @@ class _Reducer:
             time_base_us=self.base if self.base is not None else 0.0,
             dev_ext=_int64_array(self.dev_ext),
             gemm_precision=self.gemm_prec,
+            gemm_host_us=leaf_gemm_time(self.gemm_ops),
             flops_source=flops_source,
             flops_estimate_skipped=est_skipped,
             host_ops=host_ops,

@@ -33,6 +33,7 @@ from mgprof.analyze.comm import (
     summarize_collectives,
     type_unions,
 )
+from mgprof.analyze.flop_estimate import GemmPrecisionFacts, gemm_precision_facts
 from mgprof.analyze.idle import IdleBreakdown, LaunchDelay, idle_breakdown, launch_delay
 from mgprof.analyze.kernels import (
     KERNELS_LIMIT,
@@ -110,6 +111,12 @@ _OPS_COMMON = {
     "name's time (see tensor_cores)",
     "steps.start_us": "the step's CPU span start − the trace start (the earliest complete "
     "event of the file), µs; cpu_duration_us is its length",
+    "gemm_precision": "host µs of the innermost GEMM/conv ops (mm, addmm, bmm, matmul, linear, "
+    "convolutions; an op with another inside it is not innermost) by the dtype of their two "
+    "matrix operands (Input type): reduced (bf16, fp16, fp8, int8), fp32, fp64, unknown (mixed "
+    "or not recorded); reduced_pct/fp32_pct are shares of their sum. Evidence that autocast "
+    "reached the matrix multiplies; on a GPU trace the host time is the launch, and "
+    "tensor_cores says where the kernels ran",
 }
 _OPS_GPU = {
     "operators.device_self_us": "Σ durations of device events (kernels, memcpy, memset) whose "
@@ -265,6 +272,8 @@ class RankTraceSummary(msgspec.Struct):
     kernels: list[KernelStat] = msgspec.field(default_factory=list)
     """Compute kernels by summed time, up to ``KERNELS_LIMIT``: the Kernels view."""
     kernels_dropped: KernelsDropped | None = None
+    gemm_precision: GemmPrecisionFacts | None = None
+    """Host time of the innermost GEMM/conv ops by operand dtype (``record_shapes``)."""
 
 
 def _pct(x: float | None, window: float) -> float | None:
@@ -542,6 +551,7 @@ def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
         operators_device_unattributed_us=ops.device_unattributed_us,
         kernels=listed[:KERNELS_LIMIT],
         kernels_dropped=dropped,
+        gemm_precision=gemm_precision_facts(rt.gemm_host_us),
     )
 
 

@@ -14,6 +14,10 @@ wrapper; the wrapper calls the module again, and that inner call (and DataParall
 which run in worker threads) goes the ordinary way. ``nn.Module.__call__`` is patched only until
 the decision is made (the first optimizer update at the latest), so the per-step cost after
 that is one attribute lookup. Pickling or deep-copying the module gives the original class.
+
+Under ``--precision`` the same route carries the precision setting
+(``mgprof.collect.precision``): the trained module is found under every strategy (single, and a
+model the script wrapped in DDP itself, too) and its calls run under mgprof's autocast setting.
 """
 
 from __future__ import annotations
@@ -92,9 +96,16 @@ class AutoWrap:
     """Watches optimizers and module calls until it has wrapped the trained model or decided
     not to; the outcome is an ``AutoWrapRecord`` (noted in the rank's training facts)."""
 
-    def __init__(self, strategy: str, note: Any = None) -> None:
+    def __init__(
+        self, strategy: str, note: Any = None, precision: Any = None, wrap: bool = True
+    ) -> None:
         self.strategy = strategy
         self._note = note
+        self.precision = precision
+        """A ``PrecisionControl`` (``--precision``): the trained module's calls are routed
+        through its autocast setting whatever the strategy, the script's own DDP included."""
+        self.wrap = wrap
+        """False under ``--no-auto-wrap``: the model is found for ``precision`` only."""
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self._checked: set[int] = set()
         self._local = threading.local()
@@ -165,6 +176,10 @@ class AutoWrap:
             self._optimizers.append(weakref.ref(opt))
         self._checked.clear()  # a module that did not match may match the new optimizer
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers seen so far (alive)."""
+        return [opt for opt in (ref() for ref in self._optimizers) if opt is not None]
+
     def _trainable_ids(self) -> list[set[int]]:
         sets = []
         for ref in self._optimizers:
@@ -180,7 +195,10 @@ class AutoWrap:
         """Wrap ``module`` if it is the trained model; True when its call must be re-routed."""
         from torch.nn.parallel import DistributedDataParallel
 
-        if isinstance(module, (DistributedDataParallel, nn.DataParallel)) or _is_fsdp(module):
+        self_wrapped = isinstance(module, (DistributedDataParallel, nn.DataParallel)) or _is_fsdp(
+            module
+        )
+        if self_wrapped and self.precision is None:
             self._decide(None, _SELF_WRAPPED)
             return False
         if id(module) in self._checked or not self._optimizers:
@@ -192,14 +210,25 @@ class AutoWrap:
         own = {id(p) for p in module.parameters()}
         if not any(ids <= own for ids in wanted):
             return False
-        wrapper, reason = self._build(module)
-        if wrapper is None:
+        wrapper: nn.Module | None
+        reason: str | None
+        if self_wrapped:
+            wrapper, reason = None, _SELF_WRAPPED
+        elif not self.wrap:
+            wrapper, reason = None, "auto-wrap is off"
+        else:
+            wrapper, reason = self._build(module)
+        if self.precision is not None:
+            route = self.precision.route(module, wrapper if wrapper is not None else module)
+        elif wrapper is None:
             self._decide(None, reason, module)
             return False
-        _routes[module] = wrapper
+        else:
+            route = wrapper
+        _routes[module] = route
         module.__class__ = _routed_class(type(module))
         self.wrapped.append(module)
-        self._decide(wrapper, None, module)
+        self._decide(wrapper, reason, module)
         return True
 
     def _build(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
@@ -250,6 +279,8 @@ class AutoWrap:
     ) -> None:
         if self.record is not None:
             return
+        if self.precision is not None and module is None:
+            self.precision.not_applied(reason or "the trained module was not found")
         if wrapper is None:
             self.record = AutoWrapRecord(reason=reason)
         else:
@@ -264,9 +295,10 @@ class AutoWrap:
                 devices=list(getattr(wrapper, "device_ids", None) or []),
                 initialized_process_group=self._initialized_pg,
             )
-        if self._note is not None:
+        wrapping = self.wrap and self.strategy in ("ddp", "dp")
+        if self._note is not None and wrapping:
             self._note("auto_wrap", self.record)
-        if reason is not None and reason != _SELF_WRAPPED and wrapper is None:
+        if wrapping and reason is not None and reason != _SELF_WRAPPED and wrapper is None:
             emit_line(f"mgprof auto-wrap: nothing wrapped: {reason}")
         self.uninstall()
 

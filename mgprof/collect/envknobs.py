@@ -14,6 +14,18 @@ default: on 2 CPU ranks the norms (and mgprof's comm hook) cost 3-16 % of a DDP 
 (benchmarks/bench_noise_scale.py, docs/benchmarks.md), above the 1 % a default may cost."""
 
 
+PRECISION_ENV = "MGPROF_PRECISION"
+"""``fp32``, ``bf16`` or ``fp16`` (``--precision``): the trained module's forward runs under that
+autocast setting and the loss is recorded (``mgprof.collect.precision``)."""
+PRECISIONS = ("fp32", "bf16", "fp16", "script")
+"""``script``: the script's own setting, with its loss recorded (a precision comparison's
+baseline when the script brings its own autocast or GradScaler)."""
+SEED_ENV = "MGPROF_SEED"
+"""Set by ``mgprof compare --precision``: every row starts from the same seeds (``seed + rank``
+for torch, ``random`` and numpy) so their losses are comparable; a script's own seeding
+replaces it, identically in every row."""
+
+
 def noise_scale_enabled() -> bool:
     """Whether mgprof records the gradient norms for the noise scale in this process."""
     return os.environ.get(NOISE_SCALE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")

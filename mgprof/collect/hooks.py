@@ -110,8 +110,8 @@ def _set_epoch(self: Any, epoch: int) -> None:
 
 def _autocast_enter(self: Any) -> Any:
     try:
-        if getattr(self, "_enabled", True):
-            _facts["autocast_used"] = True
+        if getattr(self, "_enabled", True) and not getattr(self, "_mgprof", False):
+            _facts["autocast_used"] = True  # mgprof's own (--precision) is not the script's
     except Exception as exc:
         _report("autocast hook", exc)
     return _originals["autocast_enter"](self)

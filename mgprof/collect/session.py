@@ -31,6 +31,7 @@ import torch
 from mgprof.analyze.sweep_trials import is_oom_error
 from mgprof.collect import hooks, step_timer
 from mgprof.collect import noise_scale as _noise
+from mgprof.collect import precision as _precision
 from mgprof.collect.batchinfo import PendingFingerprint, batch_size_of, fingerprint
 from mgprof.collect.delivery import DeliveryMixin
 from mgprof.collect.device_facts import cuda_indices_in_use as _cuda_indices_in_use
@@ -477,6 +478,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
                 if self.memory:
                     self._memory_facts(memory, error)
             self.record = self._build_record(sampler_record, memory, error)
+            with self.failopen.guard("precision"):
+                self.record.training.precision = _precision.snapshot()
             with self.failopen.guard("noise scale"):
                 self.record.noise_scale = _noise.recorder.session_stopped(
                     self.record.world_size, self.record.training.ddp_sync_forwards

@@ -107,6 +107,14 @@ def register(subparsers: Any) -> None:
     )
     add_definitions_flag(p)
     p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16", "script"],
+        default=None,
+        help="run the trained module's forward under this autocast setting (fp16 with a "
+        "GradScaler where mgprof can insert one) and record the loss per step; 'script' keeps "
+        "the script's own setting and records its loss (docs/precision.md)",
+    )
+    p.add_argument(
         "--collective-timeout",
         type=float,
         default=600.0,
@@ -138,6 +146,7 @@ def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
         max_cpu_ranks=getattr(args, "max_cpu_ranks", None),
         memory=getattr(args, "memory", False),
         noise_scale=getattr(args, "noise_scale", False),
+        precision=getattr(args, "precision", None),
         # a machine-read report owns stdout: the script's own output goes to stderr
         script_stdout_to_stderr=getattr(args, "format", "term") in ("json", "md"),
     )

@@ -15,7 +15,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "compare",
         usage="mgprof compare SCRIPT --gpus N [--strategies single,dp,ddp] [--steps K] "
-        "[--batch-size B [--global-batch]] [--out DIR] [-- SCRIPT_ARGS]",
+        "[--batch-size B [--global-batch]] [--precision fp32,bf16] [--out DIR] "
+        "[-- SCRIPT_ARGS]",
         help="run a script as single device, DataParallel and DDP and compare them",
         description="Run SCRIPT (which uses mgprof.wrap) under each strategy with the same "
         "warm-up and measured steps, and print speedup, scaling efficiency, communication "
@@ -40,6 +41,15 @@ def register(subparsers: Any) -> None:
         "--global-batch",
         action="store_true",
         help="keep the global batch fixed (strong scaling): DDP ranks get B/N each",
+    )
+    p.add_argument(
+        "--precision",
+        default=None,
+        metavar="LIST",
+        help="also compare precisions: each strategy runs once per entry of fp32,bf16,fp16 "
+        "(autocast around the trained module's forward; fp16 with a GradScaler where mgprof "
+        "can insert one), seeded alike, with speedup, memory and the loss against the fp32 "
+        "row (docs/precision.md)",
     )
     p.add_argument(
         "--nosync-steps",
@@ -82,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
             auto_wrap=args.auto_wrap,
             memory=args.memory,
             noise_scale=args.noise_scale,
+            precisions=args.precision,
         )
     where = Path(args.out) / comp.comparison_id
     if args.format == "json":

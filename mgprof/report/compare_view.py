@@ -60,10 +60,15 @@ def _memory(row: Row) -> str:
     return "/".join(_f(v, ".0f") for v in row.peak_mem_mib)
 
 
+def row_label(row: Row) -> str:
+    """``ddp`` or, with precision rows, ``ddp bf16``."""
+    return row.strategy if row.precision is None else f"{row.strategy} {row.precision}"
+
+
 def row_cells(row: Row) -> list[str]:
     """The table cells of one measured strategy, in ``COLUMNS`` order."""
     return [
-        row.strategy,
+        row_label(row),
         str(row.devices),
         _batch(row, row.batch_per_device),
         _batch(row, row.global_batch),
@@ -83,6 +88,75 @@ def table_cells(comp: Comparison) -> list[list[str]]:
     for na in comp.not_applicable:
         cells.append([na.strategy, "-", *(["n/a"] * (len(COLUMNS) - 2))])
     return cells
+
+
+PRECISION_SHORT = (
+    "row",
+    "vs\nbase",
+    "mem\nvs base",
+    "bf16/fp16\nGEMM",
+    "tensor\ncores",
+    "MFU",
+    "loss",
+)
+PRECISION_COLUMNS = (
+    "row",
+    "speedup vs baseline",
+    "peak memory vs baseline",
+    "reduced-precision GEMM time",
+    "tensor-core share",
+    "MFU",
+    "loss vs baseline",
+)
+
+
+def _loss_cell(row: Row) -> str:
+    check = row.loss_check
+    if check is None:
+        return "baseline" if row.precision == row.precision_baseline else "n/a"
+    if check.status == "ok" and check.max_gap_pct is not None:
+        return f"ok (max {check.max_gap_pct:.2g} %)"
+    return check.status
+
+
+def precision_cells(comp: Comparison) -> list[list[str]]:
+    """Per precision row: its figures against its strategy's baseline row."""
+    out = []
+    for row in comp.rows:
+        if row.precision is None:
+            continue
+        base = row.precision == row.precision_baseline
+        out.append(
+            [
+                row_label(row),
+                "1.00x" if base else _f(row.precision_speedup, ".2f", "x"),
+                "-" if base else _f(row.peak_mem_change_pct, "+.0f", "%"),
+                _f(row.reduced_gemm_pct, ".0f", "%"),
+                _f(row.tensor_core_pct, ".0f", "%"),
+                _f(row.mfu_pct, ".1f", "%"),
+                _loss_cell(row),
+            ]
+        )
+    return out
+
+
+def precision_lines(comp: Comparison) -> list[str]:
+    """What each precision row ran, and its loss check in words."""
+    lines = []
+    for row in comp.rows:
+        if row.precision is None:
+            continue
+        text = f"{row_label(row)}: {row.precision_setting or '?'}"
+        if row.loss_check is not None:
+            text += f"; loss {row.loss_check.status}: {row.loss_check.detail}"
+        lines.append(text)
+    if lines:
+        lines.append(
+            "precision rows: same seed (MGPROF_SEED) and steps; baseline = the script's own "
+            "setting when it has autocast/GradScaler, else fp32; GEMM share = host time of the "
+            "innermost matmul/conv ops with bf16/fp16 operands (the trace's Input type)"
+        )
+    return lines
 
 
 def header_lines(comp: Comparison) -> list[str]:
@@ -110,8 +184,9 @@ def header_lines(comp: Comparison) -> list[str]:
 def note_lines(comp: Comparison) -> list[str]:
     """Reasons and caveats under the table."""
     lines = [f"{na.strategy}: not applicable: {na.reason}" for na in comp.not_applicable]
+    lines += precision_lines(comp)
     for row in comp.rows:
-        lines += [f"{row.strategy}: {note}" for note in row.notes]
+        lines += [f"{row_label(row)}: {note}" for note in row.notes]
     if any(not r.batch_controlled for r in comp.rows):
         lines.append("* batch read from the records, not set by mgprof (see notes)")
     lines.append(
@@ -133,6 +208,14 @@ def render_comparison(comp: Comparison, console: Console, where: str | None = No
         for row in table_cells(comp)
     ]
     print_fitted(console, columns, cells)
+    precision = precision_cells(comp)
+    if precision:
+        columns = [Col(col, numeric=0 < i < 6) for i, col in enumerate(PRECISION_SHORT)]
+        cells = [
+            [rich_text(c, style="dim" if c in ("n/a", "-") else "") for c in row]
+            for row in precision
+        ]
+        print_fitted(console, columns, cells)
     console.print(Text("verdict: ", style="bold") + rich_text(comp.verdict, multiline=True))
     for line in note_lines(comp):
         console.print(rich_text(line, style="dim", multiline=True))
@@ -148,6 +231,11 @@ def comparison_to_markdown(comp: Comparison) -> str:
     out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for cells in table_cells(comp):
         out.append("| " + " | ".join(md_text(c) for c in cells) + " |")
+    precision = precision_cells(comp)
+    if precision:
+        out += ["", "| " + " | ".join(PRECISION_COLUMNS) + " |"]
+        out += ["|" + "---|" * len(PRECISION_COLUMNS)]
+        out += ["| " + " | ".join(md_text(c) for c in cells) + " |" for cells in precision]
     out += ["", f"**Verdict:** {md_text(comp.verdict)}", ""]
     out += [f"- {md_text(line)}" for line in note_lines(comp)]
     if comp.runs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mgprof.analyze.precision import setting_label
 from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
 from mgprof.records import RunRecord
@@ -30,6 +31,9 @@ def setup_section(run: RunRecord, analysis: Mapping[str, Any]) -> Section:
     ]
     samplers = bool(run.ranks) and all(r.training.distributed_sampler for r in run.ranks)
     sec.facts.extend(_sync_facts(job, samplers))
+    precision = analysis.get("precision")
+    if isinstance(precision, Mapping):
+        sec.facts.append(("precision", _precision_fact(precision)))
     threads = _threads(run)
     if threads:
         sec.facts.append(("CPU threads", threads))
@@ -117,3 +121,24 @@ def _threads(run: RunRecord) -> str | None:
         env = f"OMP_NUM_THREADS={omp}" if omp is not None else "OMP_NUM_THREADS unset"
         parts.append(f"{threads if threads is not None else '?'} per rank ({env})")
     return "; ".join(parts)
+
+
+def _precision_fact(precision: Mapping[str, Any]) -> str:
+    """``bf16 autocast at torch.nn...Sequential; loss 0.91 -> 0.88 over 12 updates``."""
+    text = setting_label(precision)
+    module = precision.get("module_class")
+    if precision.get("applied_ranks") and isinstance(module, str):
+        text += f" ({module})"
+    losses = [v for v in precision.get("losses") or [] if _num(v) is not None]
+    bad = len(precision.get("nonfinite_updates") or [])
+    if losses:
+        text += f"; loss {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} updates"
+    if bad:
+        text += f"; inf/NaN loss in {bad} updates"
+    skipped = _num(precision.get("skipped_updates")) or 0
+    if skipped:
+        text += f"; GradScaler skipped {skipped:.0f} steps (inf/NaN gradients)"
+    note = precision.get("loss_scaling_note")
+    if isinstance(note, str):
+        text += f"; {note}"
+    return text

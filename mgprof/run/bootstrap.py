@@ -60,6 +60,8 @@ class AutoInstrument:
         """The ``NoSyncAB`` to run after the measured steps, or None."""
         self.autowrap: Any = None
         """The ``AutoWrap`` watching for the trained model under dp/ddp, or None."""
+        self.precision: Any = None
+        """The ``PrecisionControl`` of ``--precision``, or None."""
         self.session: Any = None
         self.clock_optimizer: int | None = None
         self.updates = 0
@@ -112,6 +114,8 @@ class AutoInstrument:
         elif key != self.clock_optimizer:
             return
         self.updates += 1
+        if self.precision is not None:
+            self.precision.on_update()
         if self.updates == 1 and self.autowrap is not None:
             self.autowrap.on_first_update()
         if self.ab is not None and self.ab.active:
@@ -194,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # fail open: the script runs uninstrumented
         print(f"mgprof: instrumentation disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
     try:
-        auto.autowrap = _install_autowrap()
+        auto.precision = _install_precision(auto)
+    except Exception as exc:  # fail open: the script trains in its own precision, unrecorded
+        print(f"mgprof: --precision disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
+    try:
+        auto.autowrap = _install_autowrap(auto.precision)
     except Exception as exc:  # fail open: the script runs as it is, and the report says so
         print(f"mgprof: auto-wrap disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
     try:
@@ -280,25 +288,40 @@ def _flush_rank_log() -> None:
         pass
 
 
-def _install_autowrap() -> Any:
+def _install_precision(auto: AutoInstrument) -> Any:
+    """``--precision``: seed the run (``mgprof compare``), then start the control
+    (``mgprof.collect.precision``); None when no precision was asked for."""
+    from mgprof.collect import precision
+
+    precision.seed_from_env()
+    control = precision.install()
+    if control is not None:
+        control.on_skipped_update = lambda opt: auto._on_optimizer_step(opt, (), {})
+    return control
+
+
+def _install_autowrap(precision: Any = None) -> Any:
     """Under dp/ddp, watch for the trained model so a script that does not wrap it still
-    synchronises its gradients (``mgprof.collect.autowrap``); None for single or when off."""
+    synchronises its gradients (``mgprof.collect.autowrap``); under ``--precision``, watch
+    for it under every strategy. None when there is nothing to watch for."""
     from mgprof.collect.autowrap import AutoWrap, enabled
 
-    strategy = os.environ.get("MGPROF_STRATEGY")
-    if strategy not in ("ddp", "dp"):
-        return None
+    strategy = os.environ.get("MGPROF_STRATEGY") or "single"
+    wrap = strategy in ("ddp", "dp") and enabled()
     from mgprof.collect import hooks
 
-    if not enabled():
+    if strategy in ("ddp", "dp") and not enabled():
         hooks.note_fact("auto_wrap", None)
+    if not wrap and precision is None:
         return None
     import torch
 
-    if strategy == "ddp" and torch.cuda.is_available():
+    if wrap and strategy == "ddp" and torch.cuda.is_available():
         # a script that says torch.device("cuda") then lands on this rank's own device
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    autowrap = AutoWrap(strategy, note=hooks.note_fact)
+    autowrap = AutoWrap(strategy, note=hooks.note_fact, precision=precision, wrap=wrap)
+    if precision is not None:
+        precision._optimizers = autowrap.optimizers
     autowrap.install()
     return autowrap
 

@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import IO
 
 from mgprof import rundir
-from mgprof.collect.envknobs import MEMORY_ENV, NOISE_SCALE_ENV
+from mgprof.collect.envknobs import (
+    MEMORY_ENV,
+    NOISE_SCALE_ENV,
+    PRECISION_ENV,
+    PRECISIONS,
+    SEED_ENV,
+)
 from mgprof.collect.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
@@ -103,8 +109,18 @@ class LaunchConfig:
     """Track memory in every rank (``--memory``): profiler memory events, allocator history."""
     noise_scale: bool = False
     """Record the gradient norms behind the gradient noise scale (``--noise-scale``)."""
+    precision: str | None = None
+    """fp32, bf16 or fp16: the trained module's forward runs under that autocast setting and
+    the loss is recorded (``--precision``); None: the script's own."""
+    seed: int | None = None
+    """Seed every rank with ``seed + rank`` before the script runs (``compare --precision``)."""
 
     def __post_init__(self) -> None:
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise UsageError(
+                f"--precision: unknown precision {self.precision!r}; choose from "
+                + ",".join(PRECISIONS)
+            )
         if not self.script.exists():
             raise UsageError(f"script {self.script} not found; give the path to a Python file")
         if not self.script.is_file():
@@ -261,6 +277,10 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
         env[MEMORY_ENV] = "1"
     if config.noise_scale:
         env[NOISE_SCALE_ENV] = "1"
+    if config.precision is not None:
+        env[PRECISION_ENV] = config.precision
+    if config.seed is not None:
+        env[SEED_ENV] = str(config.seed)
     if p.strategy == "ddp" and config.nnodes == 1 and not config.rdzv_endpoint:
         # one node: nothing outside this machine needs to reach the rendezvous or gloo's pairs
         env[entry.LOOPBACK_ENV] = "1"

@@ -21,6 +21,13 @@ from typing import Any, Literal
 import msgspec
 
 from mgprof import rundir
+from mgprof.analyze.precision_rows import (
+    LossSeries,
+    compare_precisions,
+    comparison_verdict,
+    fill_precision_figures,
+    run_losses,
+)
 from mgprof.analyze.scaling import (
     COMPARISON_JSON,
     Comparison,
@@ -53,6 +60,37 @@ def parse_strategies(text: str | Sequence[str]) -> list[str]:
     if len(set(items)) != len(items):
         raise UsageError("--strategies lists a strategy twice")
     return items
+
+
+PRECISION_SEED = 1234
+"""``MGPROF_SEED`` of every precision row: the rows start from the same weights and data."""
+
+
+def parse_precisions(text: str | Sequence[str] | None) -> list[str] | None:
+    """``fp32,bf16[,fp16]`` → list (None: no precision rows); UsageError naming the bad one."""
+    from mgprof.collect.envknobs import PRECISIONS
+
+    if text is None:
+        return None
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    items = [s for s in items if s]
+    if not items:
+        raise UsageError("--precision is empty; give e.g. fp32,bf16")
+    for s in items:
+        if s not in PRECISIONS:
+            raise UsageError(
+                f"--precision: unknown precision {s!r}; choose from {','.join(PRECISIONS)}"
+            )
+    if len(set(items)) != len(items):
+        raise UsageError("--precision lists a precision twice")
+    return items
+
+
+def _script_has_amp(found: Any) -> bool:
+    """The run's precision record shows the script's own autocast or GradScaler."""
+    return isinstance(found, dict) and bool(
+        found.get("script_autocast") or found.get("script_grad_scaler")
+    )
 
 
 def _validate(
@@ -121,17 +159,21 @@ def compare(
     auto_wrap: bool = True,
     memory: bool = False,
     noise_scale: bool = False,
+    precisions: str | Sequence[str] | None = None,
 ) -> Comparison:
     """Run ``script`` under each strategy and return the comparison, also saved as
     ``<out>/<comparison_id>/comparison.json`` beside the strategies' run directories.
 
     ``batch_size``: per-device batch (weak scaling) or, with ``global_batch``, the global batch
     (strong scaling); None leaves the script's own batch. ``nosync_steps``: steps each with and
-    without gradient sync in the DDP A/B (0 turns it off). Raises UsageError on bad input
-    before anything runs.
+    without gradient sync in the DDP A/B (0 turns it off). ``precisions``: each strategy runs
+    once per precision (``--precision fp32,bf16``), seeded alike, and each precision row is
+    compared with its strategy's baseline row (``mgprof.analyze.precision_rows``). Raises
+    UsageError on bad input before anything runs.
     """
     script_path = Path(script)
     chosen = parse_strategies(strategies)
+    wanted = parse_precisions(precisions)
     _validate(gpus, steps, warmup, batch_size, global_batch, nosync_steps)
     mode: Literal["weak", "strong"] = "strong" if global_batch else "weak"
     batches: dict[str, tuple[int, int]] | None = None
@@ -166,30 +208,58 @@ def compare(
             else None
         ),
         not_applicable=skipped,
+        precisions=list(wanted or []),
     )
+    if wanted and cpu:
+        comp.cpu_note = (comp.cpu_note or "") + (
+            "; precision rows use CPU autocast, whose speed says nothing about a GPU's tensor cores"
+        )
+    losses: dict[str, LossSeries] = {}
+    order: list[str | None] = list(wanted) if wanted else [None]
     for strategy in runnable:
         per_process = batches[strategy][0] if batches else None
-        row = _run_one(
-            comp_dir,
-            script_path,
-            strategy,
-            gpus,
-            steps=steps,
-            warmup=warmup,
-            trace_steps=trace_steps,
-            per_process_batch=per_process,
-            script_args=script_args,
-            nosync_steps=nosync_steps,
-            on_progress=on_progress,
-            auto_wrap=auto_wrap,
-            memory=memory,
-            noise_scale=noise_scale,
-        )
-        comp.rows.append(row)
-        comp.runs[strategy] = row.run
+        pending = list(order)
+        while pending:
+            precision = pending.pop(0)
+            row, analysis = _run_one(
+                comp_dir,
+                script_path,
+                strategy,
+                gpus,
+                steps=steps,
+                warmup=warmup,
+                trace_steps=trace_steps,
+                per_process_batch=per_process,
+                script_args=script_args,
+                nosync_steps=nosync_steps,
+                on_progress=on_progress,
+                auto_wrap=auto_wrap,
+                memory=memory,
+                noise_scale=noise_scale,
+                precision=precision,
+            )
+            comp.rows.append(row)
+            comp.runs[strategy if precision is None else f"{strategy} {precision}"] = row.run
+            if precision is None:
+                continue
+            fill_precision_figures(row, precision, analysis)
+            found = analysis.get("precision")
+            losses[row.run] = run_losses(analysis)
+            if "script" not in order and _script_has_amp(found):
+                # the script brings its own autocast/GradScaler: its own setting is every
+                # strategy's baseline row, run next here and first for the other strategies
+                order.insert(0, "script")
+                pending.insert(0, "script")
+                comp.precisions = [str(p) for p in order]
+    if wanted:
+        comp.rows.sort(key=lambda r: (runnable.index(r.strategy), order.index(r.precision)))
     _against_attainable(comp, comp_dir, gpus)
     add_speedups(comp.rows)
-    comp.verdict = verdict(comp.rows, cpu, mode)
+    if wanted:
+        compare_precisions(comp.rows, losses)
+        comp.verdict = comparison_verdict(comp.rows, cpu, mode)
+    else:
+        comp.verdict = verdict(comp.rows, cpu, mode)
     write_bytes_atomic(comp_dir / COMPARISON_JSON, encode_comparison(comp))
     _write_markdown(comp_dir, comp)
     _link_runs(comp_dir, comp)
@@ -258,6 +328,10 @@ def _link_runs(comp_dir: Path, comp: Comparison) -> None:
         run_dir = comp_dir / name
         run = read_run(run_dir)
         analysis = {**(run.analysis or {}), "comparison": table}
+        if comp.precisions:  # the AMP advice cites the measured precision rows
+            from mgprof.analyze.findings import evaluate_findings
+
+            analysis["findings"] = evaluate_findings(run, analysis)
         run = msgspec.structs.replace(run, analysis=analysis)
         rundir.write_run(run_dir, run)
         write_html_report(run_dir, run, analysis)
@@ -279,8 +353,10 @@ def _run_one(
     auto_wrap: bool = True,
     memory: bool = False,
     noise_scale: bool = False,
-) -> Row:
-    """Launch one strategy into the comparison directory, analyse it, make its row."""
+    precision: str | None = None,
+) -> tuple[Row, dict[str, Any]]:
+    """Launch one strategy (at one precision) into the comparison directory, analyse it, make
+    its row; the row and the run's analysis."""
     from mgprof.collect.nosync import read_result
     from mgprof.run.finish import finish_run
     from mgprof.run.launcher import LaunchConfig, launch
@@ -300,16 +376,19 @@ def _run_one(
         active=trace_steps,
         out=comp_dir,
         extra_env=env,
-        run_name=f"{strategy}-{script.stem}",
+        run_name=f"{strategy}-{script.stem}" if precision is None else f"{strategy}-{precision}",
         auto_wrap=auto_wrap,
         memory=memory,
         noise_scale=noise_scale,
+        precision=precision,
+        seed=PRECISION_SEED if precision is not None else None,
     )
     callback = None
     if on_progress is not None:
+        label = strategy if precision is None else f"{strategy} {precision}"
 
         def callback(counts: dict[int, int]) -> None:
-            on_progress(strategy, counts)
+            on_progress(label, counts)
 
     result = launch(config, on_progress=callback)
     run, analysis = finish_run(result.run_dir, result.run)
@@ -319,14 +398,16 @@ def _run_one(
     if strategy == "ddp" and nosync_steps > 0:
         found = read_result(result.run_dir, 0)
         ab = None if found is None else {f: getattr(found, f) for f in found.__struct_fields__}
-    return build_row(
+    row = build_row(
         strategy,
         run,
         analysis,
         result.run_dir.name,
         per_process_batch,
         ab,
+        ab_asked=nosync_steps > 0,
     )
+    return row, analysis
 
 
 def _write_markdown(comp_dir: Path, comp: Comparison) -> None:

@@ -161,6 +161,7 @@ def fp32_gemms(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
         if not bf16:
             fix.append("torch.amp.GradScaler()")
         fix.append("torch.backends.cuda.matmul.allow_tf32 = True")
+        measured = measured_precision(figures, run.strategy)
         return Finding(
             id=finding_id("fp32_gemm"),
             rule="fp32_gemm",
@@ -169,6 +170,7 @@ def fp32_gemms(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
             evidence=(
                 f"rank {rec.rank} ({name}): FP32 GEMM kernels take {pct:.1f} % of compute-kernel "
                 f"time ({fp32_us / 1000.0:,.2f} ms, {kernels} launches); {seen}"
+                + (f"; {measured}" if measured else "")
             ),
             cause=(
                 "without autocast every matmul and convolution runs in float32 on the CUDA cores; "
@@ -270,3 +272,27 @@ def _throttle_text(rank: int, dev: Any, reasons: list[str], figs: dict[str, Any]
         text += f"; power mean {power:,.0f} W of {limit:,.0f} W limit"
         figs["power_w_mean"], figs["power_limit_w"] = power, limit
     return text
+
+
+def measured_precision(analysis: Mapping[str, Any], strategy: str) -> str | None:
+    """``measured by mgprof compare: bf16 1.90x, memory -31 %`` from the precision rows of
+    ``strategy`` in the comparison this run belongs to (``analysis["comparison"]``)."""
+    comparison = analysis.get("comparison")
+    rows = comparison.get("rows") if isinstance(comparison, Mapping) else None
+    parts = []
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, Mapping) or row.get("strategy") != strategy:
+            continue
+        speedup = _num(row.get("precision_speedup"))
+        if row.get("precision") not in ("bf16", "fp16") or speedup is None:
+            continue
+        text = f"{row['precision']} {speedup:.2f}x"
+        mem = _num(row.get("peak_mem_change_pct"))
+        if mem is not None:
+            text += f", memory {mem:+.0f} %"
+        check = row.get("loss_check")
+        status = check.get("status") if isinstance(check, Mapping) else None
+        if status in ("non-finite", "diverged"):
+            text += f", loss {status}"
+        parts.append(f"{text} (run {row.get('run')})")
+    return "measured by mgprof compare: " + "; ".join(parts) if parts else None
