@@ -29,6 +29,11 @@
 #                 their own threads, the clock method and offsets it printed
 #   noise-scale   the gradient-norm cost per CUDA DDP step (target < 1 %; 3-16 % on CPU) and a
 #                 CUDA `mgprof analyze --noise-scale` with B_simple in its report
+#   precision     `mgprof compare --precision fp32,bf16,fp16` of the CNN tutorial on CUDA: the
+#                 bf16/fp16 rows' tensor-core share above the fp32 row's, fp16 with mgprof's
+#                 GradScaler, losses "ok"; precision-amp: the AMP tutorial's own autocast and
+#                 GradScaler as the labelled baseline row; with 2+ GPUs also the dp and ddp rows
+#                 (DataParallel carries autocast into its replica threads)
 #   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +93,12 @@ check diff 240 bash -c 'set -x; o="$0"; s=tests/scripts/diff_target.py
   python3 -m mgprof diff "$o"/diff-base/* "$o"/diff-base/* --fail-on 5% || exit 4
   python3 -m mgprof diff "$o"/diff-base/* "$o"/diff-big/* --fail-on 5%; test $? -eq 1 || exit 5
   python3 -m mgprof diff "$o"/diff-base/* "$o"/diff-big/* --json' "$OUT"
+if [ "$GPUS" -ge 2 ]; then PREC_STRATEGIES=single,dp,ddp; else PREC_STRATEGIES=single; fi
+check precision 300 python3 -m mgprof compare tests/scripts/cnn_loader.py --gpus "$GPUS" \
+  --strategies "$PREC_STRATEGIES" --precision fp32,bf16,fp16 --steps 10 --nosync-steps 0 \
+  --out "$OUT/runs" --quiet --format md
+check precision-amp 180 python3 -m mgprof compare tests/scripts/amp_tutorial.py --gpus 1 \
+  --strategies single --precision fp32,bf16 --steps 10 --out "$OUT/runs" --quiet --format md
 if [ "$GPUS" -ge 2 ]; then
   check bandwidth 180 python3 -m mgprof doctor --bandwidth --gpus "$GPUS" --sizes 1M,64M --json
 else

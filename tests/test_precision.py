@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 
+from mgprof.analyze.findings.compute import measured_precision
 from mgprof.analyze.flop_estimate import PREC_FP32, PREC_REDUCED, leaf_gemm_time
 from mgprof.analyze.precision import LOSS_DEVIATION_PCT, loss_check
 from tests._spawn import Result, clean_env, python_args, run_many
+
+pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -74,6 +77,34 @@ def test_leaf_gemm_time_counts_the_innermost_op_by_operand_dtype() -> None:
         ("u", 0.0, 3.0, 0),  # mixed operands on another thread
     ]
     assert leaf_gemm_time(ops) == {"reduced": 8.0, "fp32": 4.0, "unknown": 3.0}
+
+
+def test_the_amp_finding_cites_the_measured_rows_of_its_strategy() -> None:
+    rows = [
+        {"strategy": "ddp", "precision": "fp32", "run": "a", "precision_speedup": None},
+        {
+            "strategy": "ddp",
+            "precision": "bf16",
+            "run": "b",
+            "precision_speedup": 1.9,
+            "peak_mem_change_pct": -31.2,
+            "loss_check": {"status": "ok"},
+        },
+        {
+            "strategy": "ddp",
+            "precision": "fp16",
+            "run": "c",
+            "precision_speedup": 2.1,
+            "loss_check": {"status": "non-finite"},
+        },
+        {"strategy": "single", "precision": "bf16", "run": "d", "precision_speedup": 1.5},
+    ]
+    line = measured_precision({"comparison": {"rows": rows}}, "ddp")
+    assert line == (
+        "measured by mgprof compare: bf16 1.90x, memory -31 % (run b); "
+        "fp16 2.10x, loss non-finite (run c)"
+    )
+    assert measured_precision({}, "ddp") is None
 
 
 # --- real runs --------------------------------------------------------------------------------
@@ -286,3 +317,44 @@ def test_bad_precision_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "unknown precision 'int4'" in result.stderr
     assert "Traceback" not in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_a_script_that_wraps_ddp_itself_gets_the_setting_too(tmp_path: Path) -> None:
+    """The torchrun tutorial builds its own DDP: nothing is wrapped, the DDP module is routed."""
+    [result] = run_many(
+        [
+            (
+                _mgprof(
+                    "analyze",
+                    str(SCRIPTS / "ddp_tutorial.py"),
+                    "--gpus",
+                    "2",
+                    "--precision",
+                    "bf16",
+                    "--steps",
+                    "3",
+                    "--quiet",
+                    "--format",
+                    "json",
+                    "--out",
+                    str(tmp_path),
+                    "--",
+                    "--epochs",
+                    "1",
+                ),
+                tmp_path,
+                clean_env(),
+            )
+        ],
+        timeout_s=TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.explain()
+    report = json.loads(result.stdout)
+    precision = report["analysis"]["precision"]
+    assert precision["applied_ranks"] == [0, 1]
+    assert precision["module_class"].endswith("DistributedDataParallel")
+    assert report["analysis"]["job"]["grad_sync"]["status"] == "synchronised"
+    wrap = report["ranks"][0]["training"]["auto_wrap"]
+    assert wrap["wrapper"] is None and "wraps its model itself" in wrap["reason"]
+    run_dir = next(p for p in tmp_path.iterdir() if (p / "run.json").exists())
+    assert _gemm_input_types(run_dir) == {"c10::BFloat16"}

@@ -98,12 +98,13 @@ class PrecisionControl:
         record = self.record
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if record.script_autocast is None and torch.is_autocast_enabled(device_type):
+            on = torch.is_autocast_enabled(device_type)
+            if on and record.script_autocast is None:
                 record.script_autocast = str(torch.get_autocast_dtype(device_type)).removeprefix(
                     "torch."
                 )
-            if script_own:
-                return target(*args, **kwargs)
+            if script_own or (dtype is None and not on):
+                return target(*args, **kwargs)  # fp32 with no autocast on: nothing to turn off
             if dtype is None:
                 ctx = torch.autocast(device_type, enabled=False)
             else:

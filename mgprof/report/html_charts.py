@@ -185,7 +185,12 @@ def _peak(value: Any) -> float | None:
 def _comparison_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
     rows = comparison_rows(analysis)
     points = [
-        (f"{r.get('strategy', '?')} x{r.get('devices', '?')}", _num(r.get("samples_per_s")), r)
+        (
+            f"{r.get('strategy', '?')}{' ' + str(r['precision']) if r.get('precision') else ''} "
+            f"x{r.get('devices', '?')}",
+            _num(r.get("samples_per_s")),
+            r,
+        )
         for r in rows
     ]
     points = [p for p in points if p[1] is not None]

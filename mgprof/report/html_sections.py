@@ -175,10 +175,32 @@ def comparison_section(analysis: Mapping[str, Any], charts: Mapping[str, Any]) -
         "comm_share_pct",
         "peak_mem_mib",
     )
-    table = _rows_table(rows, cols)
+    tables = [_rows_table(rows, cols)]
+    if any(r.get("precision") for r in rows):
+        precision_cols = (
+            "strategy",
+            "precision",
+            "precision_setting",
+            "precision_speedup",
+            "peak_mem_change_pct",
+            "reduced_gemm_pct",
+            "tensor_core_pct",
+            "mfu_pct",
+            "loss_status",
+        )
+        flat = [{**r, "loss_status": _loss_status(r)} for r in rows]
+        tables.append(_rows_table(flat, precision_cols))
     return section_html(
-        Section("Strategy comparison", tables=[table]), chart_div("chart-comparison", charts)
+        Section("Strategy comparison", tables=tables), chart_div("chart-comparison", charts)
     )
+
+
+def _loss_status(row: Mapping[str, Any]) -> str | None:
+    """``ok: within 0.5 % of the baseline's loss ...`` (the precision row's loss check)."""
+    check = row.get("loss_check")
+    if not isinstance(check, Mapping):
+        return "baseline" if row.get("precision") == row.get("precision_baseline") else None
+    return f"{check.get('status')}: {check.get('detail')}"
 
 
 def sweep_section(analysis: Mapping[str, Any], charts: Mapping[str, Any]) -> str:
