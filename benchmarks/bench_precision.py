@@ -30,18 +30,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from bench_autowrap import make_model  # the same model as the auto-wrap benchmark's route
 from torch import nn
 
 from mgprof.collect.precision import PrecisionControl
 
 TARGET_OVERHEAD_PCT = 1.0
-
-
-def make_model(device: str, width: int) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 8)
-    ).to(device)
 
 
 def run_steps(

@@ -114,7 +114,7 @@ def _mgprof(*args: str) -> list[str]:
     return python_args("-m", "mgprof", *args)
 
 
-CASES = {
+CASES: dict[str, tuple[str, list[str], list[str]]] = {
     # name: (script, mgprof args after SCRIPT, script args)
     "cnn": (
         "cnn_loader.py",
@@ -255,34 +255,21 @@ def test_fp16_overflow_is_flagged_not_praised(compared: dict[str, tuple[Result, 
     assert "fastest usable" not in comp["verdict"]
 
 
+def _analyze_bf16(out: Path, script: str, gpus: int, *script_args: str) -> dict[str, Any]:
+    """``mgprof analyze SCRIPT --precision bf16 --steps 3``: its JSON report."""
+    args = [str(SCRIPTS / script), "--gpus", str(gpus), "--precision", "bf16", "--steps", "3"]
+    args += ["--quiet", "--format", "json", "--out", str(out)]
+    if script_args:
+        args += ["--", *script_args]
+    [result] = run_many([(_mgprof("analyze", *args), out, clean_env())], timeout_s=TIMEOUT_S)
+    assert result.returncode == 0, result.explain()
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
 def test_analyze_precision_on_one_device(tmp_path: Path) -> None:
     """``analyze --precision bf16`` under single: no wrapper, the model still found."""
-    [result] = run_many(
-        [
-            (
-                _mgprof(
-                    "analyze",
-                    str(SCRIPTS / "plain_loop.py"),
-                    "--gpus",
-                    "1",
-                    "--precision",
-                    "bf16",
-                    "--steps",
-                    "3",
-                    "--quiet",
-                    "--format",
-                    "json",
-                    "--out",
-                    str(tmp_path),
-                ),
-                tmp_path,
-                clean_env(),
-            )
-        ],
-        timeout_s=TIMEOUT_S,
-    )
-    assert result.returncode == 0, result.explain()
-    report = json.loads(result.stdout)
+    report = _analyze_bf16(tmp_path, "plain_loop.py", 1)
     precision = report["analysis"]["precision"]
     assert precision["applied_ranks"] == [0]
     assert precision["module_class"] == "torch.nn.modules.container.Sequential"
@@ -321,35 +308,7 @@ def test_bad_precision_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 def test_a_script_that_wraps_ddp_itself_gets_the_setting_too(tmp_path: Path) -> None:
     """The torchrun tutorial builds its own DDP: nothing is wrapped, the DDP module is routed."""
-    [result] = run_many(
-        [
-            (
-                _mgprof(
-                    "analyze",
-                    str(SCRIPTS / "ddp_tutorial.py"),
-                    "--gpus",
-                    "2",
-                    "--precision",
-                    "bf16",
-                    "--steps",
-                    "3",
-                    "--quiet",
-                    "--format",
-                    "json",
-                    "--out",
-                    str(tmp_path),
-                    "--",
-                    "--epochs",
-                    "1",
-                ),
-                tmp_path,
-                clean_env(),
-            )
-        ],
-        timeout_s=TIMEOUT_S,
-    )
-    assert result.returncode == 0, result.explain()
-    report = json.loads(result.stdout)
+    report = _analyze_bf16(tmp_path, "ddp_tutorial.py", 2, "--epochs", "1")
     precision = report["analysis"]["precision"]
     assert precision["applied_ranks"] == [0, 1]
     assert precision["module_class"].endswith("DistributedDataParallel")

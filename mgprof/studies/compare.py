@@ -48,18 +48,25 @@ DEFAULT_STEPS = 10
 DEFAULT_NOSYNC_STEPS = 6
 
 
-def parse_strategies(text: str | Sequence[str]) -> list[str]:
-    """``single,dp,ddp`` (any order, no repeats) → list; UsageError naming the bad one."""
+def _parse_list(
+    text: str | Sequence[str], allowed: Sequence[str], flag: str, what: str, example: str
+) -> list[str]:
+    """A comma list of ``allowed`` names (any order, no repeats); UsageError naming the bad one."""
     items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
     items = [s for s in items if s]
     if not items:
-        raise UsageError("--strategies is empty; give e.g. single,dp,ddp")
+        raise UsageError(f"{flag} is empty; give e.g. {example}")
     for s in items:
-        if s not in STRATEGIES:
-            raise UsageError(f"--strategies: unknown strategy {s!r}; choose from single,dp,ddp")
+        if s not in allowed:
+            raise UsageError(f"{flag}: unknown {what} {s!r}; choose from {','.join(allowed)}")
     if len(set(items)) != len(items):
-        raise UsageError("--strategies lists a strategy twice")
+        raise UsageError(f"{flag} lists a {what} twice")
     return items
+
+
+def parse_strategies(text: str | Sequence[str]) -> list[str]:
+    """``single,dp,ddp`` (any order, no repeats) → list; UsageError naming the bad one."""
+    return _parse_list(text, STRATEGIES, "--strategies", "strategy", "single,dp,ddp")
 
 
 PRECISION_SEED = 1234
@@ -72,18 +79,7 @@ def parse_precisions(text: str | Sequence[str] | None) -> list[str] | None:
 
     if text is None:
         return None
-    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
-    items = [s for s in items if s]
-    if not items:
-        raise UsageError("--precision is empty; give e.g. fp32,bf16")
-    for s in items:
-        if s not in PRECISIONS:
-            raise UsageError(
-                f"--precision: unknown precision {s!r}; choose from {','.join(PRECISIONS)}"
-            )
-    if len(set(items)) != len(items):
-        raise UsageError("--precision lists a precision twice")
-    return items
+    return _parse_list(text, PRECISIONS, "--precision", "precision", "fp32,bf16")
 
 
 def _script_has_amp(found: Any) -> bool:
