@@ -18,6 +18,7 @@ import pytest
 from mgprof.analyze.findings.compute import measured_precision
 from mgprof.analyze.flop_estimate import PREC_FP32, PREC_REDUCED, leaf_gemm_time
 from mgprof.analyze.precision import LOSS_DEVIATION_PCT, loss_check
+from mgprof.analyze.precision_rows import tensor_core_share_of_gemm
 from tests._spawn import Result, clean_env, python_args, run_many
 
 pytestmark = pytest.mark.slow
@@ -105,6 +106,16 @@ def test_the_amp_finding_cites_the_measured_rows_of_its_strategy() -> None:
         "fp16 2.10x, loss non-finite (run c)"
     )
     assert measured_precision({}, "ddp") is None
+
+
+def test_tensor_core_share_is_of_gemm_kernel_time_over_all_ranks() -> None:
+    summaries = [
+        {"tensor_cores": {"tensor_core_us": 30.0, "fp32_gemm_us": 10.0}},
+        {"tensor_cores": {"tensor_core_us": 10.0, "fp32_gemm_us": 0.0}},
+        {"kind": "cpu"},
+    ]
+    assert tensor_core_share_of_gemm(summaries) == pytest.approx(80.0)
+    assert tensor_core_share_of_gemm([{"kind": "cpu"}]) is None
 
 
 # --- real runs --------------------------------------------------------------------------------

@@ -56,11 +56,20 @@ def fill_precision_figures(row: Row, precision: str, analysis: Mapping[str, Any]
     row.reduced_gemm_pct = _mean(
         [_num(_dict(s.get("gemm_precision")).get("reduced_pct")) for s in summaries]
     )
-    row.tensor_core_pct = _mean(
-        [_num(_dict(s.get("tensor_cores")).get("tensor_core_pct")) for s in summaries]
-    )
+    row.tensor_core_pct = tensor_core_share_of_gemm(summaries)
     ranks = [r for r in analysis.get("ranks") or [] if isinstance(r, Mapping)]
     row.mfu_pct = _mean([_num(r.get("mfu_pct")) for r in ranks])
+
+
+def tensor_core_share_of_gemm(summaries: Sequence[Mapping[str, Any]]) -> float | None:
+    """Tensor-core kernel time ÷ (tensor-core + FP32 GEMM kernel time), over the ranks' trace
+    summaries (``tensor_cores``); None on CPU traces or without GEMM kernels."""
+    tc = fp = 0.0
+    for s in summaries:
+        facts = _dict(s.get("tensor_cores"))
+        tc += _num(facts.get("tensor_core_us")) or 0.0
+        fp += _num(facts.get("fp32_gemm_us")) or 0.0
+    return 100.0 * tc / (tc + fp) if tc + fp > 0 else None
 
 
 def _script_label(found: Mapping[str, Any]) -> str:

@@ -89,7 +89,8 @@ class Row(msgspec.Struct, kw_only=True):
     """Share of the innermost GEMM/conv ops' host time with bf16/fp16/fp8/int8 operands
     (trace ``gemm_precision``, mean over ranks)."""
     tensor_core_pct: float | None = None
-    """GPU: tensor-core share of compute-kernel time (trace ``tensor_cores``, mean over ranks)."""
+    """GPU: tensor-core kernel time as a share of GEMM kernel time (tensor-core + FP32 GEMM,
+    trace ``tensor_cores``, summed over ranks)."""
     mfu_pct: float | None = None
     loss_check: LossCheck | None = None
     """The loss per update against the baseline precision row's (``loss_check``)."""
