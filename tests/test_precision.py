@@ -139,7 +139,7 @@ CASES: dict[str, tuple[str, list[str], list[str]]] = {
     ),
     "fp16": (
         "fp16_overflow.py",
-        ["--gpus", "1", "--strategies", "single", "--precision", "fp32,fp16", "--steps", "3"],
+        ["--gpus", "2", "--strategies", "ddp", "--precision", "fp32,fp16", "--steps", "3"],
         [],
     ),
 }
