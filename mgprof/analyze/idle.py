@@ -68,7 +68,9 @@ def idle_breakdown(
         return None
     launch = _launch_ts(rt)
     host = kernel = other = 0.0
-    streams = np.unique(rt.dev_stream)
+    # return_counts: np.unique's plain form imports numpy.ma (10 ms of a CLI's start) to ask
+    # whether the array is masked
+    streams = np.unique(rt.dev_stream, return_counts=True)[0]
     for stream in streams.tolist():
         rows = np.flatnonzero(rt.dev_stream == stream)
         order = rows[np.argsort(rt.dev_start[rows], kind="stable")]
