@@ -328,3 +328,41 @@ def test_a_script_that_wraps_ddp_itself_gets_the_setting_too(tmp_path: Path) -> 
     assert wrap["wrapper"] is None and "wraps its model itself" in wrap["reason"]
     run_dir = next(p for p in tmp_path.iterdir() if (p / "run.json").exists())
     assert _gemm_input_types(run_dir) == {"c10::BFloat16"}
+
+
+def test_diff_names_the_precision_change_without_calling_it_incomparable(
+    compared: dict[str, tuple[Result, Path]],
+) -> None:
+    comp = _comparison(compared, "cnn")
+    _, root = compared["cnn"]
+    rows = _rows(comp)
+    comp_dir = root / comp["comparison_id"]
+    [result] = run_many(
+        [
+            (
+                _mgprof(
+                    "diff",
+                    str(comp_dir / rows["fp32"]["run"]),
+                    str(comp_dir / rows["bf16"]["run"]),
+                    "--json",
+                ),
+                root,
+                clean_env(),
+            )
+        ],
+        timeout_s=120,
+    )
+    assert result.returncode == 0, result.explain()
+    verdict = json.loads(result.stdout)
+    found = [d for d in verdict["differences"] if d["field"] == "precision"]
+    assert found == [
+        {
+            "field": "precision",
+            "base": "fp32 (autocast off at the model)",
+            "new": "bf16 autocast",
+            "kind": "precision",
+            "effect": found[0]["effect"],
+        }
+    ]
+    assert "not the loss" in found[0]["effect"]
+    assert verdict["comparable"] is True

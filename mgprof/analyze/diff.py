@@ -57,7 +57,13 @@ _SETUP = {
     "trace kind": "GPU and CPU-only traces: the figures mean different things",
     "rank files": "a different number of rank files",
     "memory figure": "the memory figures measure different things",
+    "gradient sync": "one side's ranks did not synchronise gradients: its speed is not that "
+    "of the same job",
 }
+_PRECISION = (
+    "a different numeric precision (--precision): expected if it is the change under test; "
+    "diff compares speed, not the loss (mgprof compare --precision checks the loss)"
+)
 _BATCH = {
     "global batch": "the batch changed: time and throughput are compared per sample",
     "per-rank batch": "the per-rank batch changed",
@@ -223,6 +229,8 @@ def _differences(base: Side, new: Side) -> list[dict[str, str]]:
             kind, effect = "setup", _SETUP[key]
         elif key in _BATCH:
             kind, effect = "batch", _BATCH[key]
+        elif key == "precision":
+            kind, effect = "precision", _PRECISION
         elif key.endswith(" version"):
             kind, effect = "software", "software changed (expected if it is the change under test)"
         else:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgprof.analyze.precision import setting_label
 from mgprof.analyze.readers import as_dict, num
 from mgprof.analyze.run_steps import steady_state_steps
 from mgprof.records import RunRecord
@@ -312,6 +313,13 @@ def _run_facts(run: RunRecord, analysis: Mapping[str, Any], batch: int | None) -
         }
     )
     facts["per-rank batch"] = ", ".join(str(b) for b in per_rank)
+    precision = analysis.get("precision")
+    facts["precision"] = setting_label(precision if isinstance(precision, Mapping) else None)
+    job = analysis.get("job")
+    sync = job.get("grad_sync") if isinstance(job, Mapping) else None
+    status = sync.get("status") if isinstance(sync, Mapping) else None
+    if isinstance(status, str) and status != "not applicable":
+        facts["gradient sync"] = status
     versions = run.ranks[0].versions if run.ranks else {}
     for key in ("torch", "cuda", "nccl", "python", "mgprof", "driver"):
         if versions.get(key):
