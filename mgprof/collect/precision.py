@@ -191,14 +191,14 @@ class PrecisionControl:
         return tensor.numel() == 1 and tensor.is_floating_point() and tensor.requires_grad
 
     def _on_backward(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.precision == "fp16" and self.record.loss_scaling is None:
+            self._decide_scaling(tensor.device.type)
         if id(tensor) in self._scaled_ids:  # the script's GradScaler: its loss is recorded
             self._scaled_ids.discard(id(tensor))
             return tensor
         if not self._is_loss(tensor):
             return tensor
         self._pending.append(tensor.detach().reshape(()))
-        if self.precision == "fp16" and self.record.loss_scaling is None:
-            self._decide_scaling(tensor.device.type)
         if self._scaler is not None:
             self._scaled_now = True
             return self._scaler.scale(tensor)
