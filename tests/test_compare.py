@@ -91,6 +91,33 @@ def test_speedup_and_efficiency_follow_the_throughputs() -> None:
     assert text.startswith("best: ddp") and "1.25x" in text and "62% scaling efficiency" in text
 
 
+def test_superlinear_efficiency_is_questioned_and_a_thread_mismatch_named() -> None:
+    single = _run("single", 1, 10.0, 8)  # 800 samples/s
+    ddp = _run("ddp", 2, 4.0, 8)  # 2 x 2000 = 4000 samples/s: 250 % efficiency
+    for rec in single.ranks:
+        rec.training.cpu_threads = 2
+    for rec in ddp.ranks:
+        rec.training.cpu_threads = 1
+        rec.training.ddp_sync_forwards = 5  # the ranks synchronised (else: no speedup at all)
+    rows = [
+        build_row("single", single, _analysis(single), "s", 8),
+        build_row("ddp", ddp, _analysis(ddp), "d", 8, ab_asked=False),
+    ]
+    add_speedups(rows)
+    assert rows[1].efficiency_pct == pytest.approx(250.0)
+    [note] = [n for n in rows[1].notes if n.startswith("superlinear")]
+    assert "250 % efficiency" in note and "single 2, ddp 1" in note
+    assert "treat the speedup with care" in verdict(rows, cpu_fallback=True, mode="weak")
+    # at or below 110 % nothing is said
+    ddp2 = _run("ddp", 2, 10.0 / 1.05, 8)
+    for rec in ddp2.ranks:
+        rec.training.ddp_sync_forwards = 5
+    rows = [rows[0], build_row("ddp", ddp2, _analysis(ddp2), "d", 8, ab_asked=False)]
+    add_speedups(rows)
+    assert rows[1].efficiency_pct == pytest.approx(105.0)
+    assert not any(n.startswith("superlinear") for n in rows[1].notes)
+
+
 def test_verdict_says_when_more_devices_are_slower() -> None:
     rows = [Row(strategy="single", devices=1, run="s", status="complete", samples_per_s=100.0)]
     rows.append(Row(strategy="ddp", devices=2, run="d", status="complete", samples_per_s=70.0))

@@ -94,6 +94,9 @@ class Row(msgspec.Struct, kw_only=True):
     mfu_pct: float | None = None
     loss_check: LossCheck | None = None
     """The loss per update against the baseline precision row's (``loss_check``)."""
+    cpu_threads: int | None = None
+    """Intra-op CPU threads per process (the most any rank had): CPU rows compare fairly only
+    when it matches."""
     notes: list[str] = msgspec.field(default_factory=list)
 
 
@@ -252,6 +255,8 @@ def build_row(
     job = analysis.get("job") if isinstance(analysis.get("job"), Mapping) else {}
     assert isinstance(job, Mapping)
     row = Row(strategy=strategy, devices=_devices(run), run=run_name, status=run.status)
+    threads = [r.training.cpu_threads for r in run.ranks if r.training.cpu_threads]
+    row.cpu_threads = max(threads) if threads else None
     if run.status != "complete":
         row.notes.append(f"run {run.status}: {run.error or 'no error recorded'}")
     usual = usual_batch_sizes(run)
@@ -312,6 +317,24 @@ def _trace_vs_ab(row: Row) -> None:
         )
 
 
+SUPERLINEAR_PCT = 110.0
+"""Scaling efficiency above this is superlinear: the devices' added memory or cache can do
+it, but far more often the baseline ran handicapped, so the rows say so."""
+
+
+def _superlinear(row: Row, base: Row) -> str:
+    text = (
+        f"superlinear ({row.efficiency_pct:.0f} % efficiency): per device, the {base.strategy} "
+        f"row ran slower than this row's ranks, so the speedup overstates what more devices buy"
+    )
+    if base.cpu_threads and row.cpu_threads and base.cpu_threads != row.cpu_threads:
+        text += (
+            f"; CPU threads per process differ: {base.strategy} {base.cpu_threads}, "
+            f"{row.strategy} {row.cpu_threads} (set OMP_NUM_THREADS to compare alike)"
+        )
+    return text
+
+
 def add_speedups(rows: Sequence[Row]) -> None:
     """Speedup against the single-device row of the same precision and efficiency = speedup /
     devices, in place."""
@@ -327,6 +350,8 @@ def add_speedups(rows: Sequence[Row]) -> None:
             continue
         row.speedup = row.samples_per_s / base_thr
         row.efficiency_pct = 100.0 * row.speedup / row.devices
+        if base is not None and row.efficiency_pct > SUPERLINEAR_PCT:
+            row.notes.append(_superlinear(row, base))
 
 
 # --------------------------------------------------------------------------------------------
@@ -364,6 +389,11 @@ def verdict(rows: Sequence[Row], cpu_fallback: bool, mode: str) -> str:
         text += f"; communication costs {comm:.0f}% of a step ({source})"
     if best.efficiency_pct is not None and best.efficiency_pct < 70.0:
         text += "; efficiency below 70%: communication or input loading limits scaling"
+    if best.efficiency_pct is not None and best.efficiency_pct > SUPERLINEAR_PCT:
+        text += (
+            "; efficiency above 100%: the single-device row ran slower per device than these "
+            "ranks (see its notes), so treat the speedup with care"
+        )
     if cpu_fallback:
         text += "; measured on CPU ranks over gloo, not GPUs"
     return text
