@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -114,3 +115,42 @@ def test_fp32_turns_off_the_scripts_autocast_at_the_model_and_notes_it(
         outside = model(torch.randn(4, 8))
     assert inside.dtype == torch.float32 and outside.dtype == torch.bfloat16
     assert control.record.script_autocast == "bfloat16"
+
+
+def test_dataparallel_replicas_run_the_setting_in_their_own_threads(
+    installed: list[PrecisionControl],
+) -> None:
+    """torch's DataParallel re-enters autocast in each replica thread with the outer enable flag
+    only (``parallel_apply``): the dtype falls back to the device's default. Emulated here on
+    CPU, where the default is bf16, with an fp16 setting."""
+    from mgprof.collect import autowrap
+
+    model = _model()
+    control = _control(installed, "fp16", [])
+    dp = nn.DataParallel(model)  # no CUDA: a pass-through, enough to be the wrapper
+    auto = autowrap.AutoWrap("dp", precision=control, wrap=False)
+    auto._replicas_too(model, dp)
+    model.__class__ = autowrap._routed_class(type(model))  # as _consider routes it
+    try:
+        replica = model._replicate_for_data_parallel()
+        seen: dict[str, torch.dtype] = {}
+        enabled: list[bool] = []
+
+        def replica_thread() -> None:
+            with torch.autocast("cpu", enabled=enabled[0]):  # parallel_apply: the flag only
+                seen["dtype"] = replica(torch.randn(2, 8)).dtype
+
+        with control.replica_context("cpu")():  # the outer call, as the route enters it
+            enabled.append(torch.is_autocast_enabled("cpu"))
+            autowrap._Route.inside = True
+            try:
+                thread = threading.Thread(target=replica_thread)
+                thread.start()
+                thread.join()
+            finally:
+                autowrap._Route.inside = False
+        assert seen["dtype"] == torch.float16
+        # outside a routed call, another instance of the class is left alone
+        assert _model()(torch.randn(2, 8)).dtype == torch.float32
+    finally:
+        autowrap._replica_contexts.pop(type(model), None)

@@ -26,6 +26,8 @@ import copyreg
 import os
 import threading
 import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -49,6 +51,10 @@ class _Route:
 
 _routes: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
 _classes: dict[type, type] = {}
+_replica_contexts: dict[type, Callable[[], AbstractContextManager[Any]]] = {}
+"""Per original class, the precision context its DataParallel replicas enter: torch's replica
+threads re-enter autocast with the outer enable flag but not its dtype (``parallel_apply``),
+so a bf16 setting would run fp16 in them."""
 
 
 def _routed_class(cls: type) -> type:
@@ -60,6 +66,10 @@ def _routed_class(cls: type) -> type:
     def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         wrapper = _routes.get(self)
         if wrapper is None or _Route.inside:
+            replica = _replica_contexts.get(cls) if wrapper is None and _Route.inside else None
+            if replica is not None:  # a DataParallel replica, in its own thread
+                with replica():
+                    return cls.__call__(self, *args, **kwargs)
             return cls.__call__(self, *args, **kwargs)  # looked up now: never a stale patch
         _Route.inside = True
         try:
@@ -226,10 +236,31 @@ class AutoWrap:
         else:
             route = wrapper
         _routes[module] = route
+        self._replicas_too(module, wrapper)
         module.__class__ = _routed_class(type(module))
         self.wrapped.append(module)
         self._decide(wrapper, reason, module)
         return True
+
+    def _replicas_too(self, module: nn.Module, wrapper: nn.Module | None) -> None:
+        """Under a precision setting, DataParallel's replicas get it in their threads too: the
+        replicas of the model mgprof wrapped, or of the module inside the script's own
+        DataParallel (whose class is then routed, with no wrapper of its own)."""
+        if self.precision is None:
+            return
+        if isinstance(wrapper, nn.DataParallel):
+            inner = module
+        elif isinstance(module, nn.DataParallel):
+            inner = module.module
+        else:
+            return
+        params = list(inner.parameters())
+        factory = self.precision.replica_context(params[0].device.type if params else "cpu")
+        if factory is None:
+            return
+        _replica_contexts[type(inner)] = factory
+        if inner is not module:
+            inner.__class__ = _routed_class(type(inner))
 
     def _build(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
         if self.strategy == "ddp":

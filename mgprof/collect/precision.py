@@ -5,11 +5,12 @@ the loss it trains to, so a precision row reports speed *and* whether the number
 setting, only recorded). Auto-wrap finds the trained
 module (``mgprof.collect.autowrap``) and routes its calls through :meth:`PrecisionControl.route`,
 which enters ``torch.autocast(device, dtype)`` (bf16/fp16) or ``torch.autocast(device,
-enabled=False)`` (fp32) around the forward, outside DDP or DataParallel (DataParallel carries the
-autocast state into its replica threads). The loss computation outside the module runs as the
-script wrote it, as autocast's documentation recommends. A script's own autocast around the
-forward is overridden there and recorded; mgprof's own autocast is not counted as the
-script's.
+enabled=False)`` (fp32) around the forward, outside DDP or DataParallel. DataParallel's replica
+threads re-enter autocast with the enable flag only (the device's default dtype), so their
+calls get the setting again (``replica_context``). The loss computation outside the module
+runs as the script wrote it, as autocast's documentation recommends. A script's own autocast
+around the forward is overridden there and recorded; mgprof's own autocast is not counted as
+the script's.
 
 fp16 needs loss scaling. When the script has no enabled ``GradScaler`` and trains with one
 optimizer, mgprof inserts one: the scalar passed to ``Tensor.backward`` is scaled, gradients are
@@ -114,6 +115,21 @@ class PrecisionControl:
                 return target(*args, **kwargs)
 
         return call
+
+    def replica_context(self, device_type: str) -> Callable[[], Any] | None:
+        """A factory of this setting's autocast for DataParallel's replica threads, which torch
+        enters with the outer autocast's enable flag but the default dtype (fp16 on CUDA);
+        None when the outer flag alone is right (fp32, the script's own)."""
+        dtype = _DTYPES.get(self.precision)
+        if dtype is None:
+            return None
+
+        def enter() -> Any:
+            ctx = torch.autocast(device_type, dtype=dtype)
+            ctx._mgprof = True  # type: ignore[attr-defined]
+            return ctx
+
+        return enter
 
     def not_applied(self, reason: str) -> None:
         if not self.record.applied and self.record.reason is None:
