@@ -313,6 +313,10 @@ class RunRecord(Struct):
     missing_ranks: list[int] = msgspec.field(default_factory=list)
     rank_exits: list[RankExit] = msgspec.field(default_factory=list)
     """Failed worker processes (rank, exit code, signal) from torchrun's failure summary."""
+    exit_note: str | None = None
+    """Set when every failed process had finished its script first (its records are complete):
+    the failure came in interpreter teardown (atexit handlers, C++ destructors; torch's gloo
+    can abort there), so the run is complete and its exit code says how the processes ended."""
     analysis: dict[str, Any] | None = None
     """Results of ``mgprof.analyze`` on this run (trace figures, findings), filled after the run."""
 

@@ -23,6 +23,9 @@ TRACES = "traces"
 SAMPLES = "samples"
 MEMORY = "memory"
 PARTIALS = "ranks"
+FINISHED = ".finished"
+"""``rank<N>`` files: that rank's script returned and mgprof's record was written
+(``mark_finished``); the launcher reads and removes them (``take_finished``)."""
 
 _rank_encoder = msgspec.json.Encoder()
 _rank_decoder = msgspec.json.Decoder(RankRecord)
@@ -93,6 +96,33 @@ def read_partials(run_dir: Path) -> list[RankRecord]:
         except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             continue  # a rank killed mid-write leaves no partial: it is reported missing
     return sorted(found, key=lambda r: r.rank)
+
+
+def mark_finished(run_dir: Path, rank: int) -> None:
+    folder = run_dir / FINISHED
+    folder.mkdir(exist_ok=True)
+    (folder / f"rank{rank}").write_bytes(b"")
+
+
+def take_finished(run_dir: Path) -> set[int]:
+    """The ranks marked finished, the marks removed (they are the launcher's, not the user's)."""
+    folder = run_dir / FINISHED
+    found: set[int] = set()
+    if not folder.is_dir():
+        return found
+    for path in folder.glob("rank*"):
+        match = re.fullmatch(r"rank(\d+)", path.name)
+        if match:
+            found.add(int(match.group(1)))
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+    return found
 
 
 def merge_ranks(run: RunRecord, extra: list[RankRecord]) -> RunRecord:

@@ -66,6 +66,51 @@ def mgprof_analyze(tmp_path: Path, *args: str) -> tuple[Result, Path, RunRecord]
 # -- real launches ------------------------------------------------------------------------------
 
 
+ABORT_MID_TRAINING = """
+import os
+import torch
+from torch import nn
+
+model = nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(8):
+    optimizer.zero_grad()
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    optimizer.step()
+    if step == 5:
+        os.abort()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpus", ["2", "1"])
+def test_a_crash_after_the_script_finished_is_not_a_failed_training(
+    tmp_path: Path, gpus: str
+) -> None:
+    """torch's gloo can abort a rank at interpreter exit, after the training is done; the run's
+    records are complete, so the run is complete, with the exit code and a note saying where
+    the crash came (``atexit_abort.py`` aborts in an atexit handler)."""
+    result, run_dir, run_record = mgprof_analyze(
+        tmp_path, str(SCRIPTS / "atexit_abort.py"), "--gpus", gpus, "--quiet"
+    )
+    assert result.returncode == 128 + 6, result.explain()  # the process's, as a shell says it
+    assert run_record.status == "complete" and run_record.error is None
+    assert run_record.exit_note is not None and "SIGABRT" in run_record.exit_note
+    assert "after the script had finished" in run_record.exit_note
+    assert len(run_record.ranks) == int(gpus)
+    assert not (run_dir / ".finished").exists()
+    assert "interpreter teardown" in (run_dir / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_crash_during_training_is_still_a_failure(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "abort_mid.py", ABORT_MID_TRAINING)
+    result, _, run_record = mgprof_analyze(tmp_path, str(script), "--gpus", "2", "--quiet")
+    assert result.returncode == 128 + 6, result.explain()
+    assert run_record.status == "incomplete" and run_record.exit_note is None
+    assert run_record.error is not None and "SIGABRT" in run_record.error
+
+
 @pytest.mark.slow
 def test_ddp_crash_on_rank1_names_it_keeps_logs_and_reports_briefly(tmp_path: Path) -> None:
     result, run_dir, rec = mgprof_analyze(

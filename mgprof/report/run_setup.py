@@ -41,6 +41,8 @@ def setup_section(run: RunRecord, analysis: Mapping[str, Any]) -> Section:
         sec.facts.append(("missing ranks", ", ".join(str(r) for r in sorted(run.missing_ranks))))
     if run.error:
         sec.facts.append(("error", run.error))
+    if run.exit_note:
+        sec.facts.append(("exit", run.exit_note))
     table = Table(["rank", "host", "device", "name", "devices used", "sampler"], numeric_from=6)
     for rec in sorted(run.ranks, key=lambda r: r.rank):
         dev = rec.device

@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         if auto.limit_explicit:
             _finish_explicit(None)  # a paused session of the script's own: record it now
         _release_autowrap_group()
+        _mark_finished()
         return 0
     except SystemExit as exc:
         # a second SIGTERM while the record is written must not cut it off: torchrun still
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         _finish_explicit(f"exited with code {code}" if failed else None)
         if not failed:
             _release_autowrap_group()
+            _mark_finished()
         raise
     except BaseException as exc:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -248,7 +250,21 @@ def main(argv: list[str] | None = None) -> int:
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     auto.finish()
     _release_autowrap_group()
+    _mark_finished()
     return 0
+
+
+def _mark_finished() -> None:
+    """``<run>/.finished/rank<N>``: this rank's script returned and its record is written, so a
+    crash after this point (interpreter teardown) is not the training's (``run.finalize``)."""
+    try:
+        from mgprof.rundir import RUN_DIR_ENV, mark_finished
+
+        run_dir = os.environ.get(RUN_DIR_ENV)
+        if run_dir:
+            mark_finished(Path(run_dir), int(os.environ.get("RANK", "0") or 0))
+    except Exception:  # fail open: without the mark a teardown crash reads as a failure
+        pass
 
 
 def _release_autowrap_group() -> None:

@@ -73,10 +73,15 @@ def finalize(
     nothing = code == 0 and not interrupted and not satellite and not run.ranks
     error = None
     errors = {r.rank: r.error for r in run.ranks if r.error}
+    finished = rundir.take_finished(run_dir)
+    exit_note = None
     if code != 0 and not interrupted:
         code = script_exit_code(code, exits, errors)
+        exit_note = _teardown_note(code, exits, finished, errors, run)
     if interrupted:
         error = f"interrupted ({interrupted})"
+    elif exit_note is not None:
+        pass  # every failed process had finished its script: the records are complete
     elif code != 0:
         error = _failure(code, exits, stderr_tail, errors, run_dir, initial.world_size)
     elif rank_errors:
@@ -102,6 +107,7 @@ def finalize(
         script=initial.script,
         script_args=initial.script_args,
         rank_exits=exits,
+        exit_note=exit_note,
     )
     try:
         rundir.write_run(run_dir, run)
@@ -139,6 +145,32 @@ def write_timeline(run_dir: Path, run: RunRecord) -> None:
         return
     if isinstance(done, str):
         print(printable(f"mgprof: timeline.json.gz not written: {done}"), file=sys.stderr)
+
+
+def _teardown_note(
+    code: int, exits: list[RankExit], finished: set[int], errors: dict[int, str], run: RunRecord
+) -> str | None:
+    """Words for a failure that came after every failed process had finished its script (its
+    record written), else None: interpreter teardown crashed, not the training."""
+    if errors or run.missing_ranks or not finished:
+        return None
+    if not exits:  # one process (single, DataParallel): its own exit code
+        if finished != {r.rank for r in run.ranks} or len(run.ranks) != 1:
+            return None
+        how = f"the process {signal_name(code) or f'exit code {code}'}"
+    elif any(e.rank is None or e.rank not in finished for e in exits):
+        return None
+    else:
+        how = ", ".join(
+            f"rank {e.rank} {e.signal or f'exit code {e.exit_code}'}"
+            for e in sorted(exits, key=lambda e: e.rank or 0)
+        )
+    return (
+        f"{how} after the script had finished and mgprof's record was written: a crash in "
+        "interpreter teardown (atexit handlers, C++ destructors; torch's gloo can abort there), "
+        "not in the training; the run's figures are complete, and the exit code is the "
+        "process's"
+    )
 
 
 def script_exit_code(code: int, exits: list[RankExit], errors: dict[int, str]) -> int:
