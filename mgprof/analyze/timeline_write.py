@@ -233,7 +233,8 @@ class _RankWriter:
                 continue
             elif ph in ("i", "I") and ev.s == "g":
                 ev.s = "p"  # one rank's global marker would cut across every rank
-            ev.ts = round(ts - shift, 3) + 0.0
+            # clamped: the earliest event can land a float error below the origin (-0.001)
+            ev.ts = max(round(ts - shift, 3), 0.0) + 0.0
             ev.pid = plan.pid
             ev.tid = tids[lane]
             self.lane_events[lane] += 1

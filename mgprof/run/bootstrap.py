@@ -258,10 +258,11 @@ def _mark_finished() -> None:
     """``<run>/.finished/rank<N>``: this rank's script returned and its record is written, so a
     crash after this point (interpreter teardown) is not the training's (``run.finalize``)."""
     try:
+        from mgprof.collect.progress import PROGRESS_ENV
         from mgprof.rundir import RUN_DIR_ENV, mark_finished
 
         run_dir = os.environ.get(RUN_DIR_ENV)
-        if run_dir:
+        if run_dir and os.environ.get(PROGRESS_ENV):  # only mgprof's launcher reads the marks
             mark_finished(Path(run_dir), int(os.environ.get("RANK", "0") or 0))
     except Exception:  # fail open: without the mark a teardown crash reads as a failure
         pass
