@@ -106,12 +106,7 @@ class PrecisionControl:
                 )
             if script_own or (dtype is None and not on):
                 return target(*args, **kwargs)  # fp32 with no autocast on: nothing to turn off
-            if dtype is None:
-                ctx = torch.autocast(device_type, enabled=False)
-            else:
-                ctx = torch.autocast(device_type, dtype=dtype)
-            ctx._mgprof = True  # type: ignore[attr-defined]  # not the script's (hooks)
-            with ctx:
+            with _autocast(device_type, dtype):
                 return target(*args, **kwargs)
 
         return call
@@ -124,12 +119,7 @@ class PrecisionControl:
         if dtype is None:
             return None
 
-        def enter() -> Any:
-            ctx = torch.autocast(device_type, dtype=dtype)
-            ctx._mgprof = True  # type: ignore[attr-defined]
-            return ctx
-
-        return enter
+        return lambda: _autocast(device_type, dtype)
 
     def not_applied(self, reason: str) -> None:
         if not self.record.applied and self.record.reason is None:
@@ -304,6 +294,17 @@ class PrecisionControl:
         except Exception as exc:
             self.record.reason = self.record.reason or f"loss not read: {type(exc).__name__}"
         return self.record
+
+
+def _autocast(device_type: str, dtype: torch.dtype | None) -> torch.autocast:
+    """mgprof's autocast for a setting (None: autocast off), tagged so the hooks do not count
+    it as the script's own (``hooks._autocast_enter``)."""
+    if dtype is None:
+        ctx = torch.autocast(device_type, enabled=False)
+    else:
+        ctx = torch.autocast(device_type, dtype=dtype)
+    ctx._mgprof = True  # type: ignore[attr-defined]
+    return ctx
 
 
 control: PrecisionControl | None = None
