@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mgprof.analyze.run_analysis import analyze_run, device_peak_tflops, steady_state_steps
-from mgprof.analyze.stats import mean, percentile, ratio_pct, spread_pct
+from mgprof.analyze.stats import mean, percentile, percentile_of_sorted, ratio_pct, spread_pct
 from mgprof.records import (
     DeviceInfo,
     DeviceSamples,
@@ -79,6 +79,20 @@ def test_percentile_linear_definition() -> None:
 def test_percentile_matches_numpy(values: list[float], q: float) -> None:
     np = pytest.importorskip("numpy")
     assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-6)
+
+
+@given(
+    st.lists(st.floats(-1e12, 1e12, allow_nan=False), min_size=1, max_size=80),
+    st.floats(0, 100),
+)
+def test_percentile_of_sorted_is_numpy_bit_for_bit(values: list[float], q: float) -> None:
+    """The launch-delay percentiles skip numpy.percentile (it imports numpy.ma) and must still
+    give its exact figure."""
+    np = pytest.importorskip("numpy")
+    ordered = np.sort(np.asarray(values))
+    want = float(np.percentile(ordered, q))
+    assert percentile_of_sorted(ordered, q) == want
+    assert percentile(values, q) == want
 
 
 def test_mean_ratio_spread() -> None:

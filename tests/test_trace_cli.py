@@ -29,7 +29,10 @@ CONTRACT = [
 @pytest.mark.parametrize("folder", ["cpu-gloo-ddp-mlp-2ranks", "gpu-nccl-128ranks-sampled"])
 def test_json_keys_on_fixture_dirs(folder: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", "--json", "--workers", "1", str(TRACES / folder)]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    text = capsys.readouterr().out
+    doc = json.loads(text)
+    # the fast indenting writes what json.dumps(indent=2) writes, byte for byte
+    assert text == json.dumps(doc, indent=2) + "\n"
     assert set(doc) == {"schema_version", "jobs"}
     (job,) = doc["jobs"]
     assert set(job) == {
@@ -52,6 +55,20 @@ def test_json_keys_on_fixture_dirs(folder: str, capsys: pytest.CaptureFixture[st
                 assert key in r["not_applicable"]
             else:
                 assert key in r["definitions"]
+
+
+def test_json_text_is_json_dumps_indent_2() -> None:
+    """Non-ASCII text (escaped), empty containers, small and large floats, nesting."""
+    from mgprof.commands.trace import _dumps
+
+    data = {
+        "why": "first \u2026 last \u222a gloo:*",
+        "none": None,
+        "empty": [[], {}],
+        "x": [1e-07, 1e16, 0.1, -3, 2.5e-300, True],
+        "deep": {"a": [{"b": {"c": []}}]},
+    }
+    assert _dumps(data) == json.dumps(data, indent=2) + "\n"
 
 
 @needs_fixtures

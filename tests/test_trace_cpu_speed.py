@@ -254,6 +254,19 @@ def test_json_rendering_loads_no_rich() -> None:
     assert out == "[]"
 
 
+def test_gpu_trace_analysis_loads_no_numpy_ma() -> None:
+    """numpy.percentile's first call imports numpy.ma (~10 ms of a command's start); the
+    launch-delay percentiles of a GPU trace are taken without it."""
+    gpu = ROOT.parent / "shared" / "fixtures" / "traces" / "gpu-nccl-a100-rank0of2"
+    out = _run(
+        "import sys\n"
+        "from mgprof.analyze.trace_summary import analyze_trace_file\n"
+        f"s = analyze_trace_file({str(sorted(gpu.glob('*.json.gz'))[0])!r})\n"
+        "print(s.launch_delay is not None, 'numpy.ma' in sys.modules)\n"
+    )
+    assert out == "True False"
+
+
 def test_a_command_registers_alone() -> None:
     from mgprof import cli
 

@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 
 from mgprof.analyze.rank_trace import RankTrace
+from mgprof.analyze.stats import percentile_of_sorted
 
 CONSECUTIVE_KERNEL_DELAY_US = 0.03
 """HTA's default threshold (30 ns) for a gap to count as kernel wait."""
@@ -97,10 +98,11 @@ def launch_delay(rt: RankTrace) -> LaunchDelay | None:
     if not ok.any():
         return None
     delay = rt.dev_start[ok] - launch[ok]
+    ordered = np.sort(delay)
     return LaunchDelay(
         events=int(delay.size),
         mean_us=float(delay.mean()),
-        p50_us=float(np.percentile(delay, 50)),
-        p95_us=float(np.percentile(delay, 95)),
-        max_us=float(delay.max()),
+        p50_us=percentile_of_sorted(ordered, 50),
+        p95_us=percentile_of_sorted(ordered, 95),
+        max_us=float(ordered[-1]),
     )
