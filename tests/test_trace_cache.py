@@ -107,21 +107,37 @@ def test_no_stamp_for_what_is_not_a_regular_file(tmp_path: Path) -> None:
 
 
 @needs_fixtures
-def test_key_holds_top_path_size_limit_and_engine(
+def test_one_entry_serves_every_top_and_spelling_of_the_path(
+    job: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trace --top 3`, `diff` (top 200) and a run's analysis (top 10) of the same files, from
+    any working directory, read the entry the first of them wrote: same bytes as fresh."""
+    cache = TraceCache(tmp_path / "cache")
+    _json(job, cache)
+    assert cache.writes == 2
+    assert _json(job, cache, top=3) == _json(job, False, top=3)
+    assert _json(job, cache, top=0) == _json(job, False, top=0)
+    assert _json(job, cache, top=200) == _json(job, False, top=200)
+    assert cache.hits == 6 and cache.writes == 2
+    monkeypatch.chdir(job[0].parent)
+    relative = [Path(f.name) for f in job]
+    assert _json(relative, cache) == _json(relative, False)  # the summary shows the path as given
+    assert '"source": "rank-0.json.gz"' in _json(relative, cache)
+    assert cache.hits == 10 and cache.writes == 2
+
+
+@needs_fixtures
+def test_key_holds_a_larger_top_size_limit_and_engine(
     job: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = TraceCache(tmp_path / "cache")
     _json(job, cache)
-    assert _json(job, cache, top=3) == _json(job, False, top=3)
+    assert _json(job, cache, top=250) == _json(job, False, top=250)  # past the kernels list
     assert cache.hits == 0
     monkeypatch.setenv("MGPROF_MAX_TRACE_BYTES", "64M")
     _json(job, cache)
     assert cache.hits == 0
     monkeypatch.delenv("MGPROF_MAX_TRACE_BYTES")
-    monkeypatch.chdir(job[0].parent)
-    relative = [Path(f.name) for f in job]
-    assert _json(relative, cache) == _json(relative, False)
-    assert cache.hits == 0  # the summary shows the path as given
     monkeypatch.setattr(trace_cache, "engine_id", lambda: "another-build")
     _json(job, cache)
     assert cache.hits == 0

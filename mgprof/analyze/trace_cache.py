@@ -6,12 +6,15 @@ Where: ``$MGPROF_CACHE_DIR``, else ``$XDG_CACHE_HOME/mgprof/trace-summaries``, e
 beside the traces: trace folders are often read-only or shared with other users, and a file
 mgprof added there would be seen by every tool that lists the folder.
 
-An entry is keyed by the trace's absolute path, the path as given (the summary shows it), the
-``top`` parameter and the size-limit setting, in a folder per engine identity (the code that
-computed it). It is used only while the file's stamp matches: size, mtime and ctime in
-nanoseconds (ctime cannot be set back by ``touch`` or ``cp -p``), and a digest of its first and
-last 64 KiB (a gzip file ends with the CRC of all its content). Each entry starts with a digest
-of its own bytes: an entry that does not check out is ignored and replaced, never trusted.
+An entry is keyed by the trace's absolute path, the ``top`` it was computed for and the
+size-limit setting, in a folder per engine identity (the code that computed it). The caller asks
+for one ``top`` for every request that a summary of it can answer (see ``trace_job``), and
+relabels a hit with the path as given, so ``trace --top 5``, ``diff`` and a run's analysis of
+the same files share their entries whatever the working directory. It is used only while the
+file's stamp matches: size, mtime and ctime in nanoseconds (ctime cannot be set back by
+``touch`` or ``cp -p``), and a digest of its first and last 64 KiB (a gzip file ends with the
+CRC of all its content). Each entry starts with a digest of its own bytes: an entry that does
+not check out is ignored and replaced, never trusted.
 Summaries are msgpack (measured faster to write and read, and smaller, than Parquet for these
 nested records: docs/benchmarks.md).
 """
@@ -61,7 +64,6 @@ class FileStamp(msgspec.Struct, frozen=True, array_like=True):
 class _Entry(msgspec.Struct, frozen=True, array_like=True):
     engine: str
     path: str
-    display: str
     top: int
     limit: str | None
     stamp: FileStamp
@@ -109,16 +111,14 @@ class TraceCache:
         """Entries found but not trusted (corrupt, another key, a changed file)."""
         self._pruned = False
 
-    def _entry_path(self, path: str, display: str, top: int, limit: str | None) -> Path:
-        key = f"{path}\0{display}\0{top}\0{limit}".encode()
+    def _entry_path(self, path: str, top: int, limit: str | None) -> Path:
+        key = f"{path}\0{top}\0{limit}".encode()
         name = hashlib.blake2b(key, digest_size=20).hexdigest()
         return self.folder / engine_id()[:16] / name[:2] / f"{name}.msgpack"
 
-    def get(
-        self, path: str, display: str, top: int, limit: str | None, stamp: FileStamp
-    ) -> bytes | None:
+    def get(self, path: str, top: int, limit: str | None, stamp: FileStamp) -> bytes | None:
         """The summary (msgpack) cached for this file in this state, or None."""
-        entry_path = self._entry_path(path, display, top, limit)
+        entry_path = self._entry_path(path, top, limit)
         try:
             with open(entry_path, "rb") as fh:
                 st = os.fstat(fh.fileno())
@@ -127,19 +127,8 @@ class TraceCache:
             self.misses += 1
             return None
         entry = _check(data)
-        want = (engine_id(), path, display, top, limit, stamp)
-        if (
-            entry is None
-            or (
-                entry.engine,
-                entry.path,
-                entry.display,
-                entry.top,
-                entry.limit,
-                entry.stamp,
-            )
-            != want
-        ):
+        want = (engine_id(), path, top, limit, stamp)
+        if entry is None or (entry.engine, entry.path, entry.top, entry.limit, entry.stamp) != want:
             self.rejected += 1
             self.misses += 1
             return None
@@ -154,7 +143,6 @@ class TraceCache:
     def put(
         self,
         path: str,
-        display: str,
         top: int,
         limit: str | None,
         stamp: FileStamp,
@@ -162,8 +150,8 @@ class TraceCache:
     ) -> bool:
         """Store a summary; False when the cache folder cannot be written (nothing else
         happens: the analysis goes on without the cache)."""
-        entry_path = self._entry_path(path, display, top, limit)
-        body = _ENCODER.encode(_Entry(engine_id(), path, display, top, limit, stamp, summary))
+        entry_path = self._entry_path(path, top, limit)
+        body = _ENCODER.encode(_Entry(engine_id(), path, top, limit, stamp, summary))
         data = _MAGIC + hashlib.blake2b(body, digest_size=_DIGEST_BYTES).digest() + body
         try:
             self._write(entry_path, data)

@@ -19,6 +19,7 @@ import msgspec
 from mgprof.analyze.comm import CrossRankSummary, cross_rank
 from mgprof.analyze.engine_id import engine_id
 from mgprof.analyze.executor import RankExecutor, TaskLost, make_executor
+from mgprof.analyze.kernels import KERNELS_LIMIT
 from mgprof.analyze.rank_task import RankOutcome, analyze_rank, size_limit_setting
 from mgprof.analyze.trace_cache import FileStamp, TraceCache, default_cache, file_stamp
 from mgprof.analyze.trace_summary import DEFINITIONS_COMMON, RankTraceSummary
@@ -186,6 +187,11 @@ def _ranks(
                 f.nbytes = os.stat(f.absolute).st_size
             except OSError:
                 pass
+    # One summary answers every top up to KERNELS_LIMIT: its top_kernels are then the first
+    # `top` of its `kernels` list, which does not depend on top. Computing (and caching) that
+    # one costs nothing more, and `trace --top 5`, `diff` (top 200) and a run's analysis
+    # (top 10) then share one cache entry per file.
+    task_top = max(top, KERNELS_LIMIT)
     results: list[RankTraceSummary | TraceError | None] = [None] * len(files)
     ex = executor if executor is not None else make_executor(workers)
     if progress is not None:
@@ -195,22 +201,23 @@ def _ranks(
     try:
         todo = []
         for i, f in enumerate(files):
-            cached = _from_cache(store, f, top, limit)
+            cached = _from_cache(store, f, task_top, limit)
             if cached is None:
                 todo.append(i)
                 continue
-            results[i] = cached
+            results[i] = _as_asked(cached, f, top)
             if progress is not None:
                 progress.advance(f.nbytes, cached=True)
 
         def done(k: int, outcome: Any) -> None:
             i = todo[k]
-            results[i] = _received(outcome, files[i], store, top, limit)
+            got = _received(outcome, files[i], store, task_top, limit)
+            results[i] = got if isinstance(got, TraceError) else _as_asked(got, files[i], top)
             if progress is not None:
                 progress.advance(files[i].nbytes, cached=False)
 
         engine = engine_id()
-        tasks = [(files[i].absolute, files[i].display, top, limit, engine) for i in todo]
+        tasks = [(files[i].absolute, files[i].display, task_top, limit, engine) for i in todo]
         ex.map_unordered(analyze_rank, tasks, done)
     finally:
         if executor is None:
@@ -228,7 +235,7 @@ def _from_cache(
 ) -> RankTraceSummary | None:
     if store is None or f.stamp is None:
         return None
-    payload = store.get(f.absolute, f.display, top, limit, f.stamp)
+    payload = store.get(f.absolute, top, limit, f.stamp)
     if payload is None:
         return None
     try:
@@ -254,7 +261,16 @@ def _received(
     assert outcome.summary is not None
     summary = _SUMMARY_DECODER.decode(outcome.summary)
     if store is not None and f.stamp is not None and file_stamp(f.absolute) == f.stamp:
-        store.put(f.absolute, f.display, top, limit, f.stamp, outcome.summary)
+        store.put(f.absolute, top, limit, f.stamp, outcome.summary)
+    return summary
+
+
+def _as_asked(summary: RankTraceSummary, f: _Rank, top: int) -> RankTraceSummary:
+    """A summary computed for ``max(top, KERNELS_LIMIT)`` (perhaps cached under another
+    spelling of the path) as ``top`` and the path as given would have made it."""
+    summary.source = f.display
+    if len(summary.top_kernels) > top:
+        summary.top_kernels = summary.top_kernels[: max(top, 0)]
     return summary
 
 
