@@ -2,7 +2,9 @@
 
 Every measurement is one fresh process, as a user runs it: ``python -m mgprof trace FILE --json
 --workers 1`` (stdout discarded), timed from start to exit; peak memory is the process's own
-``ru_maxrss`` (one process: ``--workers 1``). Cases are run in turn, ``--repeat`` rounds, and
+``ru_maxrss`` (one process: ``--workers 1``). ``--workers auto`` runs ``mgprof trace FILE --json``
+as typed, where every core may help (a large trace is then read by two processes; the peak is
+the larger of the two, the CPU time their sum). Cases are run in turn, ``--repeat`` rounds, and
 each figure is the median (min beside it), so every tool and version sees the same machine load.
 
 Cases (one rank each):
@@ -191,11 +193,12 @@ def run_once(
     return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
-def tool_command(tool: str, folder: Path) -> list[str]:
+def tool_command(tool: str, folder: Path, workers: str = "1") -> list[str]:
     """The process that analyses the one trace in ``folder``."""
     if tool == "HTA":
         return [sys.executable, "-c", _HTA, str(folder)]
-    return [sys.executable, "-m", "mgprof", "trace", str(folder), "--json", "--workers", "1"]
+    flags = [] if workers == "auto" else ["--workers", workers]
+    return [sys.executable, "-m", "mgprof", "trace", str(folder), "--json", *flags]
 
 
 def tool_env(tool: str, args: argparse.Namespace, cache: Path) -> dict[str, str]:
@@ -253,6 +256,11 @@ def main() -> int:
     ap.add_argument("--no-bytecode", action="store_true", help="no .pyc: compile at each start")
     ap.add_argument("--timeout", type=float, default=600.0, help="per process, seconds")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument(
+        "--workers",
+        default="1",
+        help="mgprof's --workers: 1 (one process, the default) or auto (as typed: every core)",
+    )
     args = ap.parse_args()
     tools = ["mgprof"] + (["baseline"] if args.baseline else []) + (["HTA"] if args.hta else [])
     load_start = os.getloadavg()[0]
@@ -286,7 +294,9 @@ def main() -> int:
         failed = set()
         for name, tool in jobs:  # warm the bytecode and page caches once
             try:
-                run_once(tool_command(tool, cases[name]), envs[tool], tmp, args.timeout)
+                run_once(
+                    tool_command(tool, cases[name], args.workers), envs[tool], tmp, args.timeout
+                )
             except RuntimeError as exc:
                 print(f"  {tool} fails on {name}: {str(exc).splitlines()[0]}", flush=True)
                 failed.add((name, tool))
@@ -294,12 +304,14 @@ def main() -> int:
         for rnd in range(args.repeat):
             for name, tool in jobs:
                 if (name, tool) not in failed:
-                    got = run_once(tool_command(tool, cases[name]), envs[tool], tmp, args.timeout)
+                    got = run_once(
+                        tool_command(tool, cases[name], args.workers), envs[tool], tmp, args.timeout
+                    )
                     runs.setdefault((tool, name), []).append(got)
             print(f"round {rnd + 1}/{args.repeat} done", flush=True)
 
     rows = report(runs, sizes, tools, args)
-    print(versions(args.hta_path))
+    print(versions(args.hta_path) + f"; mgprof --workers {args.workers}")
     load_end = os.getloadavg()[0]
     print(
         f"load average (1 min) at the start {load_start:.1f}, at the end {load_end:.1f} "

@@ -203,10 +203,10 @@ def test_job_with_a_worker_killed_names_the_rank(
     files = _copy_job(tmp_path)
     real = trace_summary.analyze_trace_file
 
-    def dies_on_rank_1(path: Any, top: int = 10) -> Any:
+    def dies_on_rank_1(path: Any, top: int = 10, processes: int = 1) -> Any:
         if str(path).endswith("rank-1.json.gz"):
             os._exit(9)
-        return real(path, top)
+        return real(path, top, processes)
 
     monkeypatch.setattr(trace_summary, "analyze_trace_file", dies_on_rank_1)
     job = analyze_job(files, executor=ProcessExecutor(2), cache=False)

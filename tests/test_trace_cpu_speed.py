@@ -206,7 +206,7 @@ def test_per_step_figures_reuse_the_merged_intervals(
         return real_merge(starts, ends)
 
     monkeypatch.setattr(iv, "merge", counting)
-    monkeypatch.setattr("mgprof.analyze.trace_summary.load_trace", lambda _p: rt)
+    monkeypatch.setattr("mgprof.analyze.trace_summary.load_trace", lambda _p, _n=1: rt)
     summary = analyze_trace_file(path)
     assert len(summary.steps) == 60
     assert merged < 10 * rt.n_events, (merged, rt.n_events)

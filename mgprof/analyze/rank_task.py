@@ -75,11 +75,12 @@ _ENCODER = msgspec.msgpack.Encoder()
 
 
 def analyze_rank(
-    path: str, display: str, top: int, size_limit: str | None, engine: str
+    path: str, display: str, top: int, size_limit: str | None, engine: str, processes: int = 1
 ) -> RankOutcome:
     """Analyse the trace at ``path`` (absolute) as :func:`analyze_trace_file` would analyse
     ``display`` (the path as given); ``engine`` is the client's :func:`engine_id`, so a worker
-    running other mgprof code says so instead of returning other figures."""
+    running other mgprof code says so instead of returning other figures. ``processes``: how
+    many processes may read the one trace (2+ only where the job is this one rank)."""
     here = engine_id()
     if engine != here:
         return RankOutcome(
@@ -91,7 +92,7 @@ def analyze_rank(
 
     with _GATE.holding(size_limit):
         try:
-            summary = analyze_trace_file(path, top)
+            summary = analyze_trace_file(path, top, processes)
         except UsageError as exc:
             return RankOutcome(error=str(exc).replace(path, display))
     if summary.source != display:

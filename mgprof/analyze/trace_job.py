@@ -18,7 +18,7 @@ import msgspec
 
 from mgprof.analyze.comm import CrossRankSummary, cross_rank
 from mgprof.analyze.engine_id import engine_id
-from mgprof.analyze.executor import RankExecutor, TaskLost, make_executor
+from mgprof.analyze.executor import ProcessExecutor, RankExecutor, TaskLost, make_executor
 from mgprof.analyze.kernels import KERNELS_LIMIT
 from mgprof.analyze.rank_task import RankOutcome, analyze_rank, size_limit_setting
 from mgprof.analyze.trace_cache import FileStamp, TraceCache, default_cache, file_stamp
@@ -217,7 +217,11 @@ def _ranks(
                 progress.advance(files[i].nbytes, cached=False)
 
         engine = engine_id()
-        tasks = [(files[i].absolute, files[i].display, task_top, limit, engine) for i in todo]
+        # One rank to analyse here, with more processes allowed: they share its reading.
+        procs = ex.workers if isinstance(ex, ProcessExecutor) and len(todo) == 1 else 1
+        tasks = [
+            (files[i].absolute, files[i].display, task_top, limit, engine, procs) for i in todo
+        ]
         ex.map_unordered(analyze_rank, tasks, done)
     finally:
         if executor is None:

@@ -493,18 +493,26 @@ def _load_streaming(p: Path) -> RankTrace | None:
     return red.finish(p, _dist_info(dist_raw), _device_props(props_raw))
 
 
-def load_trace(path: str | Path) -> RankTrace:
+def load_trace(path: str | Path, processes: int = 1) -> RankTrace:
     """Read, decode and reduce one rank's trace; raise :class:`TraceError` on bad input.
 
     The file is read and decoded in pieces (``_stream_events``), so neither the whole file nor
     all its decoded events are in memory at once. Where that does not apply (a layout it does
     not recognise, or bad input, whose precise error the whole-document decode gives), the file
     is decompressed into memory once; ``traceEvents`` is then decoded about 1 MB of JSON at a
-    time, and each slice is reduced and dropped before the next is decoded.
+    time, and each slice is reduced and dropped before the next is decoded. With
+    ``processes`` ≥ 2, a large trace may be read by this process and a forked one, each
+    reducing part of it (:mod:`~mgprof.analyze.trace_split`); the result is the same.
     """
     p = Path(path)
     try:
         with _gc_paused():
+            if processes >= 2:
+                from mgprof.analyze.trace_split import load_split
+
+                split = load_split(p)
+                if split is not None:
+                    return split
             return _load(p)
     except RecursionError:
         raise TraceError(

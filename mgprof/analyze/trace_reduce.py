@@ -214,6 +214,9 @@ class _Reducer:
         self.gemm_prec: dict[int, int] = {}  # External id -> PREC_* of GEMM/conv ops
         self.flops_total = 0.0
         self.flops_ops = 0
+        self.flop_values: list[float] | None = None
+        """Each ``args.flops`` added, in file order, when set to a list: a reducer of a later
+        part of the file (trace_split) hands them over, so the total is summed in file order."""
         self.skipped = 0
         self.out_of_range = 0  # events (device or host) whose ts/dur are beyond any real time
         self.complete = 0
@@ -228,20 +231,26 @@ class _Reducer:
         self.tid_str: dict[object, str] = {}
         self.cat_code: dict[str | None, int] = {}  # raw ``cat`` -> KIND_* or _CAT_*
 
+    def find_base(self, events: list[_Event]) -> None:
+        """Set the time origin, when still unset, to the first complete event in ``events``
+        with valid times (times are kept relative to it, so every figure keeps its precision)."""
+        if self.base is not None:
+            return
+        for ev in events:
+            ts0 = ev.ts
+            if (
+                ev.ph == "X"
+                and ts0 is not None
+                and -_MAX_TS_US < ts0 < _MAX_TS_US
+                and ev.dur is not None
+                and 0.0 <= ev.dur < _MAX_DUR_US
+            ):
+                self.base = float(ts0)
+                return
+
     def feed(self, events: list[_Event]) -> None:
         self.n_events += len(events)
-        if self.base is None:
-            for ev in events:
-                ts0 = ev.ts
-                if (
-                    ev.ph == "X"
-                    and ts0 is not None
-                    and -_MAX_TS_US < ts0 < _MAX_TS_US
-                    and ev.dur is not None
-                    and 0.0 <= ev.dur < _MAX_DUR_US
-                ):
-                    self.base = float(ts0)
-                    break
+        self.find_base(events)
         base = self.base if self.base is not None else 0.0
         cat_code = self.cat_code
         host_ctx = self.host_ctx
@@ -537,6 +546,8 @@ class _Reducer:
         if fl is not None and 0 <= fl < _MAX_FLOPS:
             self.flops_total += fl
             self.flops_ops += 1
+            if self.flop_values is not None:
+                self.flop_values.append(fl)
 
     def finish(self, p: Path, dist: _DistInfo | None, props: list[dict[str, object]]) -> RankTrace:
         if self.complete == 0:

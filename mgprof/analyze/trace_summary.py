@@ -440,9 +440,10 @@ def _steps(
     return out
 
 
-def analyze_trace_file(path: str | Path, top: int = 10) -> RankTraceSummary:
-    """Analyse one rank's trace (see the module docstring); TraceError on bad input."""
-    rt = load_trace(path)
+def analyze_trace_file(path: str | Path, top: int = 10, processes: int = 1) -> RankTraceSummary:
+    """Analyse one rank's trace (see the module docstring); TraceError on bad input.
+    ``processes``: how many processes may read it (see :func:`load_trace`)."""
+    rt = load_trace(path, processes)
     na: dict[str, str] = {}
     kind = "gpu" if rt.has_device_events else "cpu"
     spans: bd.CpuSpans | None = None

@@ -1,0 +1,180 @@
+"""One large trace read by two processes: this one reduces the first part of its events, a forked
+child the rest, and the child's reducer is joined to this one's (:mod:`reducer_merge`).
+
+Why: a job of many ranks keeps every core busy with one rank each, but ``mgprof trace`` on one
+rank's trace (or the analysis of a one-rank run) would leave all cores but one idle, and
+reducing the events is pure Python, so threads cannot share it. A fork is cheap (the modules are
+already imported) and the child needs nothing from this process but the file's path.
+
+Both processes read the file from its start (gzip cannot be entered in the middle) and cut the
+event list into the same slices (the cut points depend on the bytes only); this process reduces
+the slices that start before ``cut`` bytes of the list, the child the others and the tail (the
+keys after the list). The child reads its slices before the cut only to find the time origin
+(the first complete event), which both parts must share. The result is the RankTrace a single
+reader would have produced, bit for bit (tests/test_trace_split.py).
+
+Used only where it is safe and worth it: on Linux (fork without exec is unsafe on macOS), from a
+process with no other thread (a thread holding a lock at the fork would leave it held in the
+child), for traces of at least ``SPLIT_MIN_BYTES`` of JSON. Anything the split cannot read (a
+cut inside a string, a malformed event, a size limit, a truncated file) returns None, and the
+caller reads the file alone, which gives the precise error or the slower reading that copes.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import zlib
+from pathlib import Path
+
+import msgspec
+
+from mgprof.analyze.rank_trace import RankTrace
+from mgprof.analyze.reducer_merge import absorb
+from mgprof.analyze.trace_load import (
+    _EVENTS_DECODER,
+    _open_trace,
+    event_slices,
+    events_key,
+)
+from mgprof.analyze.trace_reduce import _Reducer
+from mgprof.analyze.trace_schema import _device_props, _dist_info, _Trace, _TraceOutline
+from mgprof.errors import TraceError
+
+__all__ = ["SPLIT_MIN_BYTES", "can_split", "load_split"]
+
+SPLIT_MIN_BYTES = 64 << 20
+"""JSON bytes below which one process reads the trace. Measured on 2 cores: a wash or a loss
+at 10-35 MB (the fork, the hand-over and two inflating threads cost what the second core
+gives back), 10-40 % faster at 87-360 MB (docs/benchmarks-trace.md)."""
+SPLIT_AT = 0.55
+"""Share of the event list this process reduces: the child first reads through the rest."""
+_FAILURES = (OSError, EOFError, zlib.error, msgspec.ValidationError, msgspec.DecodeError)
+
+
+def can_split() -> bool:
+    """Whether this process may fork a reader now (Linux, no other thread running)."""
+    return sys.platform == "linux" and hasattr(os, "fork") and threading.active_count() == 1
+
+
+def json_size(path: Path) -> int:
+    """The trace's JSON size: the file's, or for gzip its trailer's (the last member's size
+    mod 2^32, so an estimate: it only places the cut)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if fh.read(2) != b"\x1f\x8b" or size < 18:
+            return size
+        fh.seek(size - 4)
+        return max(int.from_bytes(fh.read(4), "little"), size)
+
+
+def load_split(path: Path, at: float = SPLIT_AT, min_bytes: int | None = None) -> RankTrace | None:
+    """The trace at ``path`` reduced by this process and a forked child; None when the split
+    does not apply (under ``min_bytes``, default ``SPLIT_MIN_BYTES``) or could not read the
+    file (the caller then reads it alone)."""
+    if not can_split():
+        return None
+    try:
+        total = json_size(path)
+    except OSError:
+        return None
+    if total < (SPLIT_MIN_BYTES if min_bytes is None else min_bytes):
+        return None
+    cut = int(total * at)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        os.close(read_end)
+        _child(path, cut, write_end)
+    os.close(write_end)
+    reaped = False
+    try:
+        mine = _first_part(path, cut)
+        with os.fdopen(read_end, "rb") as fh:
+            payload = fh.read()
+        os.waitpid(pid, 0)
+        reaped = True
+    finally:
+        if not reaped:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    status, *got = pickle.loads(payload) if payload else ("none",)
+    if status == "error":
+        raise RuntimeError(f"the second reader of {path} failed: {got[0]}")
+    if mine is None or status != "ok":
+        return None
+    later, dist, props = got
+    absorb(mine, later)
+    return mine.finish(path, _dist_info(msgspec.Raw(dist)), _device_props(msgspec.Raw(props)))
+
+
+def _first_part(path: Path, cut: int) -> _Reducer | None:
+    """The reducer of the slices that start before ``cut``; None where the file cannot be read
+    this way."""
+    try:
+        bounded = _open_trace(path)
+        with bounded.raw, bounded.prefetched():
+            found = events_key(path, bounded)
+            if found is None:
+                return None
+            red = _Reducer()
+            offset = 0
+            for raw in event_slices(bounded, found[1], _same):
+                if offset >= cut:
+                    break
+                offset += len(raw)
+                red.feed(_EVENTS_DECODER.decode(raw))
+            return red
+    except (*_FAILURES, TraceError):
+        return None
+
+
+def _later_part(path: Path, cut: int) -> tuple[_Reducer, bytes, bytes] | None:
+    """The reducer of the slices from ``cut`` on and of the tail, with the raw
+    ``distributedInfo`` and ``deviceProperties``; None where the file cannot be read so."""
+    try:
+        bounded = _open_trace(path)
+        with bounded.raw, bounded.prefetched():
+            found = events_key(path, bounded)
+            if found is None:
+                return None
+            head_bytes, rest = found
+            head = msgspec.json.decode(head_bytes, type=_TraceOutline)
+            red = _Reducer()
+            red.flop_values = []
+            offset = 0
+            for raw in event_slices(bounded, rest, _same):
+                if offset >= cut:
+                    red.feed(_EVENTS_DECODER.decode(raw))
+                elif red.base is None:  # the time origin lies in the first part
+                    red.find_base(_EVENTS_DECODER.decode(raw))
+                offset += len(raw)
+            tail = msgspec.json.decode(b"".join((b'{"traceEvents": [', rest)), type=_Trace)
+            red.feed(tail.traceEvents or [])
+            dist = tail.distributedInfo if len(tail.distributedInfo) else head.distributedInfo
+            props = tail.deviceProperties if len(tail.deviceProperties) else head.deviceProperties
+            return red, bytes(dist), bytes(props)
+    except (*_FAILURES, TraceError, MemoryError, RecursionError):
+        return None
+
+
+def _child(path: Path, cut: int, write_end: int) -> None:
+    """Reduce the later part, send it down the pipe and leave without running any of the
+    parent's exit code (atexit handlers, buffered output)."""
+    try:
+        try:
+            got = _later_part(path, cut)
+            payload = pickle.dumps(("ok", *got) if got else ("none",), protocol=5)
+        except BaseException as exc:  # a bug: the parent raises it
+            payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+        with os.fdopen(write_end, "wb") as fh:
+            fh.write(payload)
+    finally:
+        os._exit(0)
+
+
+def _same(raw: bytes) -> bytes:
+    return raw

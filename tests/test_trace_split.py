@@ -1,0 +1,158 @@
+"""One trace read by two processes (trace_split): the same summary, byte for byte, as one reader,
+wherever the cut falls; failures fall back to the single reader; used only where safe."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from mgprof.analyze import trace_split
+from mgprof.analyze.reducer_merge import MERGED_ATTRIBUTES
+from mgprof.analyze.trace_load import load_trace
+from mgprof.analyze.trace_reduce import _Reducer
+from mgprof.analyze.trace_summary import analyze_trace_file
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "fixtures" / "traces"
+needs_fixtures = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no fixtures at {TRACES}")
+pytestmark = pytest.mark.skipif(
+    not trace_split.can_split(), reason="fork-based split is Linux-only"
+)
+
+REAL = [
+    "gpu-nccl-a100-rank0of2/rank-0.json.gz",  # current schema, NCCL kernels, launches
+    "gpu-resnet50-v100-old-schema/worker0.1623143089861.pt.trace.json.gz",  # 2021 schema
+    "gpu-v100-single/rank-0.pt.trace.json.gz",  # fractional timestamps
+    "cpu-gloo-ddp-mlp-2ranks/rank0.1795996389335482514.pt.trace.json.gz",  # host columns
+    "amd-mi250/rank-0.json.gz",
+    "misc/a100-triton.json.gz",
+]
+
+
+def _summary_bytes(path: Path, monkeypatch: pytest.MonkeyPatch, at: float | None) -> bytes:
+    """The rank summary as msgpack: one reader (``at`` None) or split at ``at``."""
+    if at is not None:
+        real = trace_split.load_split
+
+        def forced(p: Path) -> Any:
+            got = real(p, at=at, min_bytes=0)
+            assert got is not None, "the split did not apply"
+            return got
+
+        monkeypatch.setattr(trace_split, "load_split", forced)
+    summary = analyze_trace_file(path, top=10, processes=2 if at is not None else 1)
+    monkeypatch.undo()
+    return msgspec.msgpack.encode(summary)
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", REAL)
+def test_split_anywhere_gives_the_single_readers_summary(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = TRACES / name
+    want = _summary_bytes(path, monkeypatch, None)
+    # 0: the child reads everything; 1.5: past the end, the child reads only the tail
+    for at in (0.0, 0.1, 0.37, 0.55, 0.9, 1.5):
+        assert _summary_bytes(path, monkeypatch, at) == want, f"cut at {at}"
+
+
+def _scaled_cpu_trace(tmp_path: Path, copies: int) -> Path:
+    """The gloo DDP fixture's events repeated with shifted times and new step numbers, so the
+    second part meets threads, names and shapes the first part has met, and new ones."""
+    src = sorted((TRACES / "cpu-gloo-ddp-mlp-2ranks").glob("rank0.*.json.gz"))[0]
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    events = doc["traceEvents"]
+    span = max(e.get("ts", 0) + e.get("dur", 0) for e in events) + 10
+    out = []
+    for k in range(copies):
+        for e in events:
+            e2 = dict(e)
+            if "ts" in e2:
+                e2["ts"] = e2["ts"] + k * span
+            if str(e2.get("name", "")).startswith("ProfilerStep#"):
+                e2["name"] = f"ProfilerStep#{1000 * k + int(e2['name'].split('#')[1])}"
+            if k % 2 and e2.get("cat") == "cpu_op":
+                e2["tid"] = f"{e2.get('tid')}-{k}"  # new threads in later copies
+                e2["args"] = {**e2.get("args", {}), "flops": 1.0 / (k + 3)}
+            out.append(e2)
+    doc["traceEvents"] = out
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@needs_fixtures
+def test_split_of_a_plain_multi_slice_cpu_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several MB of a CPU trace (many 1 MB slices, flops summed in file order, threads and
+    shapes first seen after the cut), not gzipped."""
+    path = _scaled_cpu_trace(tmp_path, 9)
+    want = _summary_bytes(path, monkeypatch, None)
+    for at in (0.2, 0.5, 0.8):
+        assert _summary_bytes(path, monkeypatch, at) == want, f"cut at {at}"
+
+
+@needs_fixtures
+def test_a_file_the_split_cannot_read_goes_to_the_single_reader(tmp_path: Path) -> None:
+    """A truncated gzip: the split gives up (None) and load_trace's error is the single
+    reader's, word for word."""
+    src = TRACES / REAL[0]
+    bad = tmp_path / "rank-0.json.gz"
+    bad.write_bytes(src.read_bytes()[:-5000])
+    assert trace_split.load_split(bad, min_bytes=0) is None
+    with pytest.raises(Exception) as alone:
+        load_trace(bad)
+    with pytest.raises(Exception) as split:
+        load_trace(bad, processes=2)
+    assert type(split.value) is type(alone.value) and str(split.value) == str(alone.value)
+
+
+@needs_fixtures
+def test_not_used_below_the_size_or_beside_another_thread() -> None:
+    small = TRACES / REAL[0]  # 9.8 MB of JSON
+    assert trace_split.json_size(small) == 9_778_890
+    assert trace_split.load_split(small) is None
+    hold = threading.Event()
+    t = threading.Thread(target=hold.wait)
+    t.start()
+    try:
+        assert not trace_split.can_split()
+        assert trace_split.load_split(small, min_bytes=0) is None
+    finally:
+        hold.set()
+        t.join()
+    assert trace_split.load_split(small, min_bytes=0) is not None
+
+
+@needs_fixtures
+@pytest.mark.parametrize(
+    ("workers", "files", "split"), [(2, 1, True), (1, 1, False), (2, 2, False)]
+)
+def test_a_job_of_one_rank_with_spare_processes_splits_it(
+    workers: int, files: int, split: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mgprof trace FILE`` (one rank, every core allowed) reads it with two processes;
+    ``--workers 1`` or a job of several ranks (each process has a rank) does not."""
+    from mgprof.analyze import reducer_merge
+    from mgprof.analyze.executor import ProcessExecutor
+    from mgprof.analyze.trace_job import analyze_job
+
+    joined = []
+    real = reducer_merge.absorb
+    monkeypatch.setattr(trace_split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(trace_split, "absorb", lambda a, b: joined.append(1) or real(a, b))
+    job = sorted((TRACES / "gpu-nccl-128ranks-sampled").glob("*.json.gz"))[:files]
+    got = analyze_job(job, executor=ProcessExecutor(workers), cache=False)
+    assert bool(joined) is split and len(got.ranks) == files
+
+
+def test_every_reducer_attribute_has_a_join_rule() -> None:
+    assert set(vars(_Reducer())) == MERGED_ATTRIBUTES
