@@ -49,7 +49,7 @@ __all__ = ["SPLIT_MIN_BYTES", "can_split", "load_split"]
 SPLIT_MIN_BYTES = 64 << 20
 """JSON bytes below which one process reads the trace. Measured on 2 cores: a wash or a loss
 at 10-35 MB (the fork, the hand-over and two inflating threads cost what the second core
-gives back), 10-40 % faster at 87-360 MB (docs/benchmarks-trace.md)."""
+gives back), 17-37 % faster at 87-360 MB (docs/benchmarks-trace.md)."""
 SPLIT_AT = 0.55
 """Share of the event list this process reduces: the child first reads through the rest."""
 _FAILURES = (OSError, EOFError, zlib.error, msgspec.ValidationError, msgspec.DecodeError)
