@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,33 @@ def test_a_file_the_split_cannot_read_goes_to_the_single_reader(tmp_path: Path) 
     with pytest.raises(Exception) as split:
         load_trace(bad, processes=2)
     assert type(split.value) is type(alone.value) and str(split.value) == str(alone.value)
+
+
+@needs_fixtures
+def test_a_killed_second_reader_leaves_one_reader_and_a_bug_in_it_is_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child killed (the kernel's OOM killer, say): None, and load_trace reads alone. An
+    exception of mgprof's own in the child is a bug: raised here with its text."""
+    path = TRACES / REAL[0]
+    want = load_trace(path)
+    monkeypatch.setattr(trace_split, "_later_part", lambda *_a: os.kill(os.getpid(), 9))
+    assert trace_split.load_split(path, min_bytes=0) is None
+    monkeypatch.setattr(trace_split, "SPLIT_MIN_BYTES", 0)
+    assert load_trace(path, processes=2).dev_start.tolist() == want.dev_start.tolist()
+
+    def bug(*_a: Any) -> Any:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(trace_split, "_later_part", bug)
+    with pytest.raises(RuntimeError, match=r"second reader .* failed: KeyError"):
+        trace_split.load_split(path, min_bytes=0)
+
+
+def test_a_fifo_is_not_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "rank0.json"
+    os.mkfifo(fifo)
+    assert trace_split.load_split(fifo, min_bytes=0) is None  # and it did not block
 
 
 @needs_fixtures

@@ -43,6 +43,7 @@ from mgprof.analyze.trace_load import (
 from mgprof.analyze.trace_reduce import _Reducer
 from mgprof.analyze.trace_schema import _device_props, _dist_info, _Trace, _TraceOutline
 from mgprof.errors import TraceError
+from mgprof.safe_read import open_regular
 
 __all__ = ["SPLIT_MIN_BYTES", "can_split", "load_split"]
 
@@ -62,8 +63,9 @@ def can_split() -> bool:
 
 def json_size(path: Path) -> int:
     """The trace's JSON size: the file's, or for gzip its trailer's (the last member's size
-    mod 2^32, so an estimate: it only places the cut)."""
-    with open(path, "rb") as fh:
+    mod 2^32, so an estimate: it only places the cut). TraceError for what is not a regular
+    file (a FIFO is refused, not opened)."""
+    with open_regular(path, error=TraceError) as fh:
         size = os.fstat(fh.fileno()).st_size
         if fh.read(2) != b"\x1f\x8b" or size < 18:
             return size
@@ -79,13 +81,18 @@ def load_split(path: Path, at: float = SPLIT_AT, min_bytes: int | None = None) -
         return None
     try:
         total = json_size(path)
-    except OSError:
+    except (OSError, TraceError):
         return None
     if total < (SPLIT_MIN_BYTES if min_bytes is None else min_bytes):
         return None
     cut = int(total * at)
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # no process to spare (EAGAIN, ENOMEM): one reader then
+        os.close(read_end)
+        os.close(write_end)
+        return None
     if pid == 0:  # the child: never returns into the caller's code
         os.close(read_end)
         _child(path, cut, write_end)
@@ -95,13 +102,15 @@ def load_split(path: Path, at: float = SPLIT_AT, min_bytes: int | None = None) -
         mine = _first_part(path, cut)
         with os.fdopen(read_end, "rb") as fh:
             payload = fh.read()
-        os.waitpid(pid, 0)
+        exit_status = os.waitpid(pid, 0)[1]
         reaped = True
     finally:
         if not reaped:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-    status, *got = pickle.loads(payload) if payload else ("none",)
+    if exit_status != 0:  # killed (for memory?) before or while it wrote: one reader then
+        return None
+    status, *got = pickle.loads(payload)
     if status == "error":
         raise RuntimeError(f"the second reader of {path} failed: {got[0]}")
     if mine is None or status != "ok":
