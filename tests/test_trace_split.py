@@ -124,15 +124,24 @@ def test_a_killed_second_reader_leaves_one_reader_and_a_bug_in_it_is_raised(
     exception of mgprof's own in the child is a bug: raised here with its text."""
     path = TRACES / REAL[0]
     want = load_trace(path)
-    monkeypatch.setattr(trace_split, "_later_part", lambda *_a: os.kill(os.getpid(), 9))
+    real = trace_split._reduce_part
+
+    def _killed_when_later(path: Path, cut: int, later: bool) -> Any:
+        if later:
+            os.kill(os.getpid(), 9)
+        return real(path, cut, later)
+
+    monkeypatch.setattr(trace_split, "_reduce_part", _killed_when_later)
     assert trace_split.load_split(path, min_bytes=0) is None
     monkeypatch.setattr(trace_split, "SPLIT_MIN_BYTES", 0)
     assert load_trace(path, processes=2).dev_start.tolist() == want.dev_start.tolist()
 
-    def bug(*_a: Any) -> Any:
-        raise KeyError("a bug")
+    def bug(path: Path, cut: int, later: bool) -> Any:
+        if later:
+            raise KeyError("a bug")
+        return real(path, cut, later)
 
-    monkeypatch.setattr(trace_split, "_later_part", bug)
+    monkeypatch.setattr(trace_split, "_reduce_part", bug)
     with pytest.raises(RuntimeError, match=r"second reader .* failed: KeyError"):
         trace_split.load_split(path, min_bytes=0)
 

@@ -467,12 +467,21 @@ def _stream_events(
     red = _Reducer()
     for events in event_slices(stream, rest, _EVENTS_DECODER.decode):
         red.feed(events)
+    dist, props = reduce_tail(red, head, rest)
+    return red, dist, props
+
+
+def reduce_tail(
+    red: _Reducer, head: _TraceOutline, rest: bytearray
+) -> tuple[msgspec.Raw, msgspec.Raw]:
+    """Feed the events left after the last slice (``rest``, from :func:`event_slices`) and
+    return the trace's ``distributedInfo`` and ``deviceProperties`` (after the list, where
+    torch.profiler writes them, else from the ``head`` before it)."""
     tail = msgspec.json.decode(b"".join((b'{"traceEvents": [', rest)), type=_Trace)
-    del rest
     red.feed(tail.traceEvents or [])
     dist = tail.distributedInfo if len(tail.distributedInfo) else head.distributedInfo
     props = tail.deviceProperties if len(tail.deviceProperties) else head.deviceProperties
-    return red, dist, props
+    return dist, props
 
 
 def _load_streaming(p: Path) -> RankTrace | None:

@@ -39,9 +39,10 @@ from mgprof.analyze.trace_load import (
     _open_trace,
     event_slices,
     events_key,
+    reduce_tail,
 )
 from mgprof.analyze.trace_reduce import _Reducer
-from mgprof.analyze.trace_schema import _device_props, _dist_info, _Trace, _TraceOutline
+from mgprof.analyze.trace_schema import _device_props, _dist_info, _TraceOutline
 from mgprof.errors import TraceError
 from mgprof.safe_read import open_regular
 
@@ -99,7 +100,7 @@ def load_split(path: Path, at: float = SPLIT_AT, min_bytes: int | None = None) -
     os.close(write_end)
     reaped = False
     try:
-        mine = _first_part(path, cut)
+        mine = _reduce_part(path, cut, later=False)
         with os.fdopen(read_end, "rb") as fh:
             payload = fh.read()
         exit_status = os.waitpid(pid, 0)[1]
@@ -115,35 +116,16 @@ def load_split(path: Path, at: float = SPLIT_AT, min_bytes: int | None = None) -
         raise RuntimeError(f"the second reader of {path} failed: {got[0]}")
     if mine is None or status != "ok":
         return None
+    first = mine[0]
     later, dist, props = got
-    absorb(mine, later)
-    return mine.finish(path, _dist_info(msgspec.Raw(dist)), _device_props(msgspec.Raw(props)))
+    absorb(first, later)
+    return first.finish(path, _dist_info(msgspec.Raw(dist)), _device_props(msgspec.Raw(props)))
 
 
-def _first_part(path: Path, cut: int) -> _Reducer | None:
-    """The reducer of the slices that start before ``cut``; None where the file cannot be read
-    this way."""
-    try:
-        bounded = _open_trace(path)
-        with bounded.raw, bounded.prefetched():
-            found = events_key(path, bounded)
-            if found is None:
-                return None
-            red = _Reducer()
-            offset = 0
-            for raw in event_slices(bounded, found[1], _same):
-                if offset >= cut:
-                    break
-                offset += len(raw)
-                red.feed(_EVENTS_DECODER.decode(raw))
-            return red
-    except (*_FAILURES, TraceError):
-        return None
-
-
-def _later_part(path: Path, cut: int) -> tuple[_Reducer, bytes, bytes] | None:
-    """The reducer of the slices from ``cut`` on and of the tail, with the raw
-    ``distributedInfo`` and ``deviceProperties``; None where the file cannot be read so."""
+def _reduce_part(path: Path, cut: int, later: bool) -> tuple[_Reducer, bytes, bytes] | None:
+    """The reducer of the event slices that start before ``cut`` bytes of the list, or with
+    ``later`` of those from ``cut`` on and of the tail, with the raw ``distributedInfo`` and
+    ``deviceProperties`` (empty for the first part); None where the file cannot be read so."""
     try:
         bounded = _open_trace(path)
         with bounded.raw, bounded.prefetched():
@@ -151,22 +133,24 @@ def _later_part(path: Path, cut: int) -> tuple[_Reducer, bytes, bytes] | None:
             if found is None:
                 return None
             head_bytes, rest = found
-            head = msgspec.json.decode(head_bytes, type=_TraceOutline)
             red = _Reducer()
-            red.flop_values = []
+            if later:
+                red.flop_values = []
             offset = 0
             for raw in event_slices(bounded, rest, _same):
-                if offset >= cut:
+                if offset >= cut and not later:
+                    return red, b"", b""
+                if offset >= cut or not later:
                     red.feed(_EVENTS_DECODER.decode(raw))
-                elif red.base is None:  # the time origin lies in the first part
+                elif red.base is None:  # the later part's time origin lies in the first part
                     red.find_base(_EVENTS_DECODER.decode(raw))
                 offset += len(raw)
-            tail = msgspec.json.decode(b"".join((b'{"traceEvents": [', rest)), type=_Trace)
-            red.feed(tail.traceEvents or [])
-            dist = tail.distributedInfo if len(tail.distributedInfo) else head.distributedInfo
-            props = tail.deviceProperties if len(tail.deviceProperties) else head.deviceProperties
+            if not later:
+                return red, b"", b""
+            head = msgspec.json.decode(head_bytes, type=_TraceOutline)
+            dist, props = reduce_tail(red, head, rest)
             return red, bytes(dist), bytes(props)
-    except (*_FAILURES, TraceError, MemoryError, RecursionError):
+    except (*_FAILURES, TraceError):
         return None
 
 
@@ -175,7 +159,10 @@ def _child(path: Path, cut: int, write_end: int) -> None:
     parent's exit code (atexit handlers, buffered output)."""
     try:
         try:
-            got = _later_part(path, cut)
+            try:
+                got = _reduce_part(path, cut, later=True)
+            except (MemoryError, RecursionError):  # one reader then gives the precise error
+                got = None
             payload = pickle.dumps(("ok", *got) if got else ("none",), protocol=5)
         except BaseException as exc:  # a bug: the parent raises it
             payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
