@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "fixtures" / "traces"
 needs_fixtures = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no fixtures at {TRACES}")
 pytestmark = pytest.mark.skipif(
-    not trace_split.can_split(), reason="fork-based split is Linux-only"
+    not (sys.platform == "linux" and hasattr(os, "fork")), reason="the split forks: Linux only"
 )
+
+
+@pytest.fixture(autouse=True)
+def _alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split is used only from a process with no other thread; the test process may hold
+    some (a Dask client of another test), none of which the child touches."""
+    monkeypatch.setattr(trace_split, "_threads_running", lambda: 1)
+
 
 REAL = [
     "gpu-nccl-a100-rank0of2/rank-0.json.gz",  # current schema, NCCL kernels, launches
@@ -38,18 +47,18 @@ REAL = [
 
 def _summary_bytes(path: Path, monkeypatch: pytest.MonkeyPatch, at: float | None) -> bytes:
     """The rank summary as msgpack: one reader (``at`` None) or split at ``at``."""
-    if at is not None:
-        real = trace_split.load_split
+    if at is None:
+        return msgspec.msgpack.encode(analyze_trace_file(path, top=10))
+    real = trace_split.load_split
 
-        def forced(p: Path) -> Any:
-            got = real(p, at=at, min_bytes=0)
-            assert got is not None, "the split did not apply"
-            return got
+    def forced(p: Path) -> Any:
+        got = real(p, at=at, min_bytes=0)
+        assert got is not None, "the split did not apply"
+        return got
 
-        monkeypatch.setattr(trace_split, "load_split", forced)
-    summary = analyze_trace_file(path, top=10, processes=2 if at is not None else 1)
-    monkeypatch.undo()
-    return msgspec.msgpack.encode(summary)
+    with monkeypatch.context() as patch:
+        patch.setattr(trace_split, "load_split", forced)
+        return msgspec.msgpack.encode(analyze_trace_file(path, top=10, processes=2))
 
 
 @needs_fixtures
@@ -153,10 +162,14 @@ def test_a_fifo_is_not_opened(tmp_path: Path) -> None:
 
 
 @needs_fixtures
-def test_not_used_below_the_size_or_beside_another_thread() -> None:
+def test_not_used_below_the_size_or_beside_another_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     small = TRACES / REAL[0]  # 9.8 MB of JSON
     assert trace_split.json_size(small) == 9_778_890
     assert trace_split.load_split(small) is None
+    assert trace_split.load_split(small, min_bytes=0) is not None
+    monkeypatch.setattr(trace_split, "_threads_running", threading.active_count)
     hold = threading.Event()
     t = threading.Thread(target=hold.wait)
     t.start()
@@ -166,7 +179,6 @@ def test_not_used_below_the_size_or_beside_another_thread() -> None:
     finally:
         hold.set()
         t.join()
-    assert trace_split.load_split(small, min_bytes=0) is not None
 
 
 @needs_fixtures

@@ -59,7 +59,11 @@ _FAILURES = (OSError, EOFError, zlib.error, msgspec.ValidationError, msgspec.Dec
 
 def can_split() -> bool:
     """Whether this process may fork a reader now (Linux, no other thread running)."""
-    return sys.platform == "linux" and hasattr(os, "fork") and threading.active_count() == 1
+    return sys.platform == "linux" and hasattr(os, "fork") and _threads_running() == 1
+
+
+def _threads_running() -> int:
+    return threading.active_count()
 
 
 def json_size(path: Path) -> int:
@@ -111,6 +115,7 @@ def load_split(path: Path, at: float = SPLIT_AT, min_bytes: int | None = None) -
             os.waitpid(pid, 0)
     if exit_status != 0:  # killed (for memory?) before or while it wrote: one reader then
         return None
+    # Only this pipe's other end, the child forked above, wrote these bytes: its own reducer.
     status, *got = pickle.loads(payload)
     if status == "error":
         raise RuntimeError(f"the second reader of {path} failed: {got[0]}")
@@ -156,8 +161,11 @@ def _reduce_part(path: Path, cut: int, later: bool) -> tuple[_Reducer, bytes, by
 
 def _child(path: Path, cut: int, write_end: int) -> None:
     """Reduce the later part, send it down the pipe and leave without running any of the
-    parent's exit code (atexit handlers, buffered output)."""
+    parent's exit code (atexit handlers, buffered output) or signal handlers: Ctrl-C or a
+    stop ends the child at once, and the parent, told the same, stops as it would alone."""
     try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
         try:
             try:
                 got = _reduce_part(path, cut, later=True)
