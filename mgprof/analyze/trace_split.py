@@ -2,8 +2,8 @@
 child the rest, and the child's reducer is joined to this one's (:mod:`reducer_merge`).
 
 Why: a job of many ranks keeps every core busy with one rank each, but ``mgprof trace`` on one
-rank's trace (or the analysis of a one-rank run) would leave all cores but one idle, and
-reducing the events is pure Python, so threads cannot share it. A fork is cheap (the modules are
+rank's trace would leave all cores but one idle, and reducing the events is pure Python, so
+threads cannot share it. A fork is cheap (the modules are
 already imported) and the child needs nothing from this process but the file's path.
 
 Both processes read the file from its start (gzip cannot be entered in the middle) and cut the
