@@ -155,6 +155,44 @@ def test_a_killed_second_reader_leaves_one_reader_and_a_bug_in_it_is_raised(
         trace_split.load_split(path, min_bytes=0)
 
 
+def test_a_thread_spelled_two_ways_across_the_cut_is_read_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tid 5 before the cut and 5.0 after it are one thread, named "5" by one reader; the
+    later part would have named it "5.0", so the parts are not joined."""
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10 + i, "dur": 1,
+         "tid": 5, "args": {"correlation": i}}
+        for i in range(20000)
+    ]  # fmt: skip
+    events += [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 30000 + i, "dur": 1, "tid": 5.0}
+        for i in range(20000)
+    ]
+    events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 9,
+                   "dur": 60000, "tid": 5.0})  # fmt: skip
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert trace_split.load_split(path, at=0.5, min_bytes=0) is None
+    monkeypatch.setattr(trace_split, "SPLIT_MIN_BYTES", 0)
+    one, two = load_trace(path), load_trace(path, processes=2)
+    assert [s.tid for s in two.steps] == [s.tid for s in one.steps] == ["5"]
+    assert two.main_thread[0].size == one.main_thread[0].size == 20000
+
+
+@needs_fixtures
+def test_a_child_out_of_memory_leaves_one_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = trace_split.pickle.dumps
+
+    def no_memory(obj: Any, protocol: int | None = None) -> bytes:
+        if protocol == 5:  # the reducer's hand-over
+            raise MemoryError
+        return real(obj, protocol)
+
+    monkeypatch.setattr(trace_split.pickle, "dumps", no_memory)
+    assert trace_split.load_split(TRACES / REAL[0], min_bytes=0) is None
+
+
 def test_a_fifo_is_not_opened(tmp_path: Path) -> None:
     fifo = tmp_path / "rank0.json"
     os.mkfifo(fifo)

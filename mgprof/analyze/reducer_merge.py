@@ -16,7 +16,13 @@ import numpy as np
 
 from mgprof.analyze.trace_reduce import _N_BITS, _Reducer
 
-__all__ = ["MERGED_ATTRIBUTES", "absorb"]
+__all__ = ["MERGED_ATTRIBUTES", "Unjoinable", "absorb"]
+
+
+class Unjoinable(Exception):
+    """The two parts cannot be joined into one reader's result (the caller reads the file
+    alone): they name a thread differently, or were reduced against different time origins."""
+
 
 MERGED_ATTRIBUTES = frozenset(
     {
@@ -39,9 +45,14 @@ def absorb(into: _Reducer, later: _Reducer) -> None:
     if into.base is None:
         into.base = later.base
     elif later.base is not None and later.base != into.base:
-        raise ValueError("the two parts were reduced against different time origins")
+        raise Unjoinable("the two parts were reduced against different time origins")
+    for raw, text in later.tid_str.items():
+        # 5 and 5.0 are one dict key: one reader names the thread by the spelling it met first,
+        # and the later part's records already carry its own spelling
+        if into.tid_str.get(raw, text) != text:
+            raise Unjoinable(f"thread {raw!r} is spelled {into.tid_str[raw]!r} before the cut")
     if into.h_start or later.h_start:
-        raise ValueError("a reducer holds host rows not yet moved to its columns")
+        raise RuntimeError("a reducer holds host rows not yet moved to its columns")
     _absorb_device(into, later)
     _absorb_host(into, later)
     for name in ("steps", "dl_s", "dl_e", "param_comms", "cpu_comm_ops", "flop_ops", "gemm_ops"):

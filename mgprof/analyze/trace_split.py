@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 
 from mgprof.analyze.rank_trace import RankTrace
-from mgprof.analyze.reducer_merge import absorb
+from mgprof.analyze.reducer_merge import Unjoinable, absorb
 from mgprof.analyze.trace_load import (
     _EVENTS_DECODER,
     _open_trace,
@@ -102,28 +102,36 @@ def load_split(path: Path, at: float = SPLIT_AT, min_bytes: int | None = None) -
         os.close(read_end)
         _child(path, cut, write_end)
     os.close(write_end)
+    mine = None
     reaped = False
     try:
-        mine = _reduce_part(path, cut, later=False)
         with os.fdopen(read_end, "rb") as fh:
-            payload = fh.read()
-        exit_status = os.waitpid(pid, 0)[1]
-        reaped = True
+            mine = _reduce_part(path, cut, later=False)
+            if mine is not None:
+                payload = fh.read()
+                exit_status = os.waitpid(pid, 0)[1]
+                reaped = True
     finally:
-        if not reaped:
+        if not reaped:  # this part failed (or was interrupted): the child's work is not needed
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-    if exit_status != 0:  # killed (for memory?) before or while it wrote: one reader then
+    if mine is None or exit_status != 0:  # the child killed (for memory?) or it could not write
         return None
-    # Only this pipe's other end, the child forked above, wrote these bytes: its own reducer.
-    status, *got = pickle.loads(payload)
+    try:
+        # Only this pipe's other end, the child forked above, wrote these bytes: its own reducer.
+        status, *got = pickle.loads(payload)
+    except (EOFError, pickle.UnpicklingError):
+        return None
     if status == "error":
         raise RuntimeError(f"the second reader of {path} failed: {got[0]}")
-    if mine is None or status != "ok":
+    if status != "ok":
         return None
     first = mine[0]
     later, dist, props = got
-    absorb(first, later)
+    try:
+        absorb(first, later)
+    except Unjoinable:
+        return None
     return first.finish(path, _dist_info(msgspec.Raw(dist)), _device_props(msgspec.Raw(props)))
 
 
@@ -163,21 +171,22 @@ def _child(path: Path, cut: int, write_end: int) -> None:
     """Reduce the later part, send it down the pipe and leave without running any of the
     parent's exit code (atexit handlers, buffered output) or signal handlers: Ctrl-C or a
     stop ends the child at once, and the parent, told the same, stops as it would alone."""
+    code = 1  # unless the payload is written whole: the parent then reads the file alone
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         try:
-            try:
-                got = _reduce_part(path, cut, later=True)
-            except (MemoryError, RecursionError):  # one reader then gives the precise error
-                got = None
+            got = _reduce_part(path, cut, later=True)
             payload = pickle.dumps(("ok", *got) if got else ("none",), protocol=5)
+        except (MemoryError, RecursionError):  # one reader then gives the precise error
+            payload = pickle.dumps(("none",))
         except BaseException as exc:  # a bug: the parent raises it
             payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
         with os.fdopen(write_end, "wb") as fh:
             fh.write(payload)
+        code = 0
     finally:
-        os._exit(0)
+        os._exit(code)
 
 
 def _same(raw: bytes) -> bytes:
