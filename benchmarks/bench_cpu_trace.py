@@ -288,8 +288,8 @@ def main() -> int:
         sizes = {name: json_mb(path) for name, path in cases.items()}
         cache = tmp / "pycache"
         envs = {tool: tool_env(tool, args, cache) for tool in tools}
-        # HTA is compared on the GPU cases only (the claim at stake); its CPU-only support is
-        # not what this measures.
+        # HTA is compared on the device cases only (the claim at stake); its CPU-only support
+        # is not what this measures.
         jobs = [(n, t) for n in cases for t in tools if t != "HTA" or not n.startswith("cpu")]
         failed = set()
         for name, tool in jobs:  # warm the bytecode and page caches once

@@ -116,8 +116,7 @@ def _absorb_host(into: _Reducer, later: _Reducer) -> None:
     combos = np.empty(len(raw_of), dtype=np.int32)
     for i, (code, raw_tid, name) in enumerate(raw_of):
         table = into.host_ctx[code].get(raw_tid)
-        if table is None:
-            into.tid_str.setdefault(raw_tid, later.tid_str.get(raw_tid, ""))
+        if table is None:  # the thread's text is in into.tid_str already (_absorb_device)
             table = into._host_names(code, raw_tid)
         found = table.get(name)
         if found is None:

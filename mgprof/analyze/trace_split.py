@@ -3,8 +3,8 @@ child the rest, and the child's reducer is joined to this one's (:mod:`reducer_m
 
 Why: a job of many ranks keeps every core busy with one rank each, but ``mgprof trace`` on one
 rank's trace would leave all cores but one idle, and reducing the events is pure Python, so
-threads cannot share it. A fork is cheap (the modules are
-already imported) and the child needs nothing from this process but the file's path.
+threads cannot share it. A fork is cheap (the modules are already imported) and the child needs
+nothing from this process but the file's path.
 
 Both processes read the file from its start (gzip cannot be entered in the middle) and cut the
 event list into the same slices (the cut points depend on the bytes only); this process reduces
@@ -151,11 +151,11 @@ def _reduce_part(path: Path, cut: int, later: bool) -> tuple[_Reducer, bytes, by
                 red.flop_values = []
             offset = 0
             for raw in event_slices(bounded, rest, _same):
-                if offset >= cut and not later:
-                    return red, b"", b""
-                if offset >= cut or not later:
+                if (offset >= cut) == later:  # a slice of this part
                     red.feed(_EVENTS_DECODER.decode(raw))
-                elif red.base is None:  # the later part's time origin lies in the first part
+                elif not later:  # past the cut: the first part is done
+                    return red, b"", b""
+                elif red.base is None:  # before the cut, where the time origin may lie
                     red.find_base(_EVENTS_DECODER.decode(raw))
                 offset += len(raw)
             if not later:
