@@ -47,9 +47,7 @@ from typing import Any
 import msgspec
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = (
-    ROOT.parent / "shared" / "fixtures" / "traces" / "gpu-nccl-a100-rank0of2" / "rank-0.json.gz"
-)
+SOURCE = ROOT / "tests" / "data" / "traces" / "gpu-nccl-a100-rank0of2" / "rank-0.json.gz"
 
 COLD_TARGET_S = 180.0
 WARM_TARGET_S = 10.0

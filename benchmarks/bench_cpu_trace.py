@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "fixtures" / "traces"
+TRACES = ROOT / "tests" / "data" / "traces"
 CPU_SOURCE = TRACES / "cpu-gloo-ddp-mlp-2ranks"
 GPU_FIXTURES = {
     "gpu-a100": TRACES / "gpu-nccl-a100-rank0of2",

@@ -51,7 +51,7 @@ import orjson
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "fixtures" / "traces"
+TRACES = ROOT / "tests" / "data" / "traces"
 SOURCE = TRACES / "gpu-nccl-a100-rank0of2" / "rank-0.json.gz"
 FIXTURE = TRACES / "gpu-nccl-128ranks-sampled"
 

@@ -12,14 +12,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from _data import TRACES
 
 from tests._spawn import clean_env, python_args, run, run_many
 from tests.test_html_report import CHROMIUM, render_in_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "diff_target.py"
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "traces"
-CPU_TRACES = FIXTURES / "cpu-gloo-ddp-mlp-2ranks"
+CPU_TRACES = TRACES / "cpu-gloo-ddp-mlp-2ranks"
 
 pytestmark = pytest.mark.slow
 
@@ -128,8 +128,6 @@ def test_a_changed_batch_is_compared_per_sample(runs: dict[str, Path], tmp_path:
 
 
 def test_trace_folders_and_a_run_against_traces(runs: dict[str, Path], tmp_path: Path) -> None:
-    if not CPU_TRACES.is_dir():
-        pytest.skip("shared trace fixtures not present")
     code, diff = _json(CPU_TRACES, CPU_TRACES, "--workers", "1", cwd=tmp_path)
     assert code == 0
     assert diff["base"]["kind"] == "traces" and diff["metrics"]["time"]["n"] == [3, 3]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _data import TRACES
 
 from mgprof.analyze import trace_summary
 from mgprof.analyze.executor import DaskExecutor, ProcessExecutor, TaskLost, make_executor
@@ -24,8 +25,6 @@ from mgprof.errors import TraceError, UsageError
 from mgprof.report.trace_terminal import jobs_to_json
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "fixtures" / "traces"
-needs_fixtures = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no fixtures at {TRACES}")
 JOBS = ["gpu-nccl-128ranks-sampled", "cpu-gloo-ddp-mlp-2ranks", "gpu-nccl-a100-rank0of2", "misc"]
 
 
@@ -66,7 +65,6 @@ def _run_all(folder: str, executor: Any) -> str:
     return _json([analyze_job(f, executor=executor, cache=False) for f in groups.values()])
 
 
-@needs_fixtures
 @pytest.mark.parametrize("folder", JOBS)
 def test_serial_processes_dask_byte_identical(
     folder: str, dask_executor: DaskExecutor, monkeypatch: pytest.MonkeyPatch
@@ -80,7 +78,6 @@ def test_serial_processes_dask_byte_identical(
     assert f'"source": "{folder}/' in serial
 
 
-@needs_fixtures
 def test_cli_dask_flag_matches_workers_1(cluster: Any, tmp_path: Path) -> None:
     """``mgprof trace --dask ADDRESS`` end to end (a fresh process, as a user runs it), against
     ``--workers 1``; and $MGPROF_DASK_SCHEDULER does the same."""
@@ -149,7 +146,6 @@ def _copy_job(tmp_path: Path) -> list[Path]:
     return out
 
 
-@needs_fixtures
 @pytest.mark.parametrize("kind", ["serial", "processes", "dask"])
 def test_file_missing_at_analysis_is_a_rank_error(
     kind: str, tmp_path: Path, dask_executor: DaskExecutor
@@ -191,7 +187,6 @@ def test_process_worker_death_loses_only_its_task() -> None:
     assert isinstance(results[2], TaskLost) and "died" in results[2].reason
 
 
-@needs_fixtures
 @pytest.mark.slow
 @pytest.mark.skipif(
     multiprocessing.get_start_method() != "fork",
@@ -244,7 +239,6 @@ def test_dask_cluster_without_workers_times_out_per_task() -> None:
     assert all(isinstance(r, TaskLost) and "no result" in r.reason for r in results.values())
 
 
-@needs_fixtures
 def test_dask_stall_names_every_rank_then_fails_the_job(tmp_path: Path) -> None:
     """With no rank analysed the job fails with one line naming the files, as for bad files."""
     from distributed import LocalCluster

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _data import TRACES
 from _trace_events import ev
 
 from mgprof.analyze.trace_load import load_trace
@@ -28,7 +29,6 @@ from mgprof.cli import main
 from mgprof.records import RankRecord, RunRecord, StepRecord, encode_run
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "fixtures" / "traces"
 MTIA = TRACES / "peers" / "hta-mtia_trace_single_rank" / "mtia_rank_0.json.gz"
 MIB = 1 << 20
 GIB = 1 << 30
@@ -273,7 +273,6 @@ def test_bad_size_values_are_one_line(tmp_path: Path) -> None:
     assert code == 2 and "MGPROF_MAX_TRACE_BYTES" in one_line(err)
 
 
-@pytest.mark.skipif(not MTIA.is_file(), reason="fixture trace not found")
 def test_the_most_compressible_real_trace_passes_the_default_limits() -> None:
     """The largest fixture expands 29x to 87 MB (past the 64 MiB floor of the ratio check)."""
     assert load_trace(MTIA).n_events == 455739

@@ -333,9 +333,13 @@ def view_of(dom: str, view: str) -> str:
     return dom[start : min(e for e in ends if e > 0)]
 
 
-def clean(dom: str, console: list[str]) -> None:
+def no_console_error(console: list[str]) -> None:
     bad = [c for c in console if re.search(r"error|uncaught|refused|failed", c, re.I)]
     assert not bad, bad
+
+
+def clean(dom: str, console: list[str]) -> None:
+    no_console_error(console)
     errors = re.search(r'<div id="mgprof-errors"([^>]*)>(.*?)</div>', dom, re.S)
     assert errors is not None and "hidden" in errors.group(1) and errors.group(2) == ""
 
@@ -478,16 +482,23 @@ def test_sixteen_rank_report_is_small_and_opens_in_under_two_seconds(
             '<body><script>document.documentElement.setAttribute("data-ready-ms", '
             "performance.now().toFixed(0));</script></body></html>"
         )
-        baseline = min(ready_time(bare, tmp_path / f"b{i}")[0] for i in range(2))
+        baseline = min(ready_time(bare, tmp_path / f"b{i}", report=False)[0] for i in range(2))
         print(f"plotly.js alone: {baseline:.0f} ms")
         assert baseline > LOAD_BOUND_MS - 500, f"{best:.0f} ms, plotly.js alone {baseline:.0f}"
         assert best - baseline < 500
 
 
-def ready_time(page: Path, profile: Path) -> tuple[float, float]:
-    """(ms from navigation start to the first view drawn, ms when the page's script began)."""
+def ready_time(page: Path, profile: Path, report: bool = True) -> tuple[float, float]:
+    """(ms from navigation start to the first view drawn, ms when the page's script began).
+
+    Every page is held to what it can show: no console error on any, and on a report page
+    (``report``) also an empty, hidden error box; the plotly.js-only baseline has no such box.
+    """
     dom, console = render_in_chromium(page, profile, fragment="view=overview")
-    clean(dom, console)
+    if report:
+        clean(dom, console)
+    else:
+        no_console_error(console)
     ready = re.search(r'data-ready-ms="(\d+)"', dom)
     assert ready is not None, "the page did not finish drawing"
     script = re.search(r'data-script-ms="(\d+)"', dom)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _data import TRACES
 
 from mgprof.analyze.memory_events import DEFINITIONS, memory_timeline
 from mgprof.errors import TraceError
@@ -22,10 +23,7 @@ from tests._spawn import python_args, run
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
-OLD_SCHEMA = (
-    ROOT.parent
-    / "shared/fixtures/traces/gpu-resnet50-v100-old-schema/worker0.1623143089861.pt.trace.json.gz"
-)
+OLD_SCHEMA = TRACES / "gpu-resnet50-v100-old-schema" / "worker0.1623143089861.pt.trace.json.gz"
 
 
 def _record(path: Path, *, memory: bool = True) -> Path:
@@ -295,7 +293,6 @@ def test_the_module_imports_without_torch(tmp_path: Path) -> None:
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.explain()
 
 
-@pytest.mark.skipif(not OLD_SCHEMA.exists(), reason="needs ../shared/fixtures/traces")
 def test_a_2021_gpu_trace_gives_curves_per_device() -> None:
     out = memory_timeline(OLD_SCHEMA)
     assert out is not None and set(out["devices"]) == {"cpu", "cuda:0"}

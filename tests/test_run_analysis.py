@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _data import TRACES
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,7 +25,7 @@ from mgprof.records import (
     TrainingFacts,
 )
 
-FIXTURE = Path(__file__).resolve().parents[1] / "../shared/fixtures/traces/cpu-gloo-ddp-mlp-2ranks"
+FIXTURE = TRACES / "cpu-gloo-ddp-mlp-2ranks"
 
 
 def steps(
@@ -433,8 +433,7 @@ def test_trace_paths_outside_run_dir_and_missing_run_dir(tmp_path: Path) -> None
 
 def fixture_run(tmp_path: Path) -> RunRecord:
     files = sorted(FIXTURE.glob("*.pt.trace.json.gz"))
-    if len(files) != 2:
-        pytest.skip("../shared/fixtures/traces/cpu-gloo-ddp-mlp-2ranks not available")
+    assert len(files) == 2, f"two rank traces expected in {FIXTURE}"
     (tmp_path / "traces").mkdir()
     for f in files:
         shutil.copy(f, tmp_path / "traces" / f.name)
@@ -447,8 +446,6 @@ def fixture_run(tmp_path: Path) -> RunRecord:
 
 
 def test_real_gloo_fixture_through_the_trace_engine(tmp_path: Path) -> None:
-    if importlib.util.find_spec("mgprof.analyze.trace_summary") is None:
-        pytest.skip("trace engine (mgprof.analyze.trace_summary) not built yet")
     from mgprof.analyze.trace_summary import analyze_trace_file
 
     run = fixture_run(tmp_path)

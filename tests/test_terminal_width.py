@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _data import TRACES
 from rich.console import Console
 
 from mgprof.analyze.scaling import Comparison, Row, add_speedups, verdict
@@ -29,7 +30,7 @@ from mgprof.report.term_table import Col, fitted_tables
 from mgprof.report.trace_terminal import render_job
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "traces"
+FIXTURES = TRACES
 H200_RUN = ROOT / "tests" / "data" / "gpu" / "mgprof-run-h200"
 NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?![\w.])")
 WIDTHS = (80, 120)
@@ -102,6 +103,35 @@ def test_trace_report(folder: str) -> None:
     (files,) = find_trace_files([FIXTURES / folder]).values()
     job = analyze_job(files, workers=1)
     assert_fits(lambda c: render_job(job, c))
+
+
+def test_trace_report_under_a_long_path(tmp_path: Path) -> None:
+    """A folder path longer than the line: the title folds it at its ``/`` separators, every
+    name whole (it was cut with ``…`` at 80 columns)."""
+    import shutil
+
+    from mgprof.analyze.trace_job import analyze_job, find_trace_files
+
+    deep = tmp_path / "experiments-2026-12-01" / ("run-with-a-long-descriptive-name-" * 3)
+    shutil.copytree(FIXTURES / "cpu-gloo-ddp-mlp-2ranks", deep / "traces")
+    (files,) = find_trace_files([deep / "traces"]).values()
+    job = analyze_job(files, workers=1)
+    assert len(job.directory) > 120
+    assert_fits(lambda c: render_job(job, c))
+    for width in WIDTHS:
+        lines = rendered(lambda c: render_job(job, c), width).splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith(job.directory[:10]))
+        folded = "".join(lines[start : start + 4])
+        assert folded.startswith(job.directory), width
+
+
+def test_path_lines_break_after_separators_and_fold_only_a_longer_name() -> None:
+    from mgprof.report.term_title import path_lines
+
+    assert path_lines("/a/bb/ccc", 5) == ["/a/", "bb/", "ccc"]
+    assert path_lines("/runs/x", 80) == ["/runs/x"]
+    assert path_lines("x" * 12, 5) == ["xxxxx", "xxxxx", "xx"]
+    assert all(len(line) <= 7 for line in path_lines("/tmp/" + "n" * 30 + "/f.json", 7))
 
 
 def test_compare_table() -> None:

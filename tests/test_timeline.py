@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _data import TRACES
 
 from mgprof import atomic
 from mgprof.analyze.timeline import (
@@ -36,8 +37,6 @@ from mgprof.analyze.timeline_clock import Anchor, estimate_offset
 from mgprof.cli import main
 from mgprof.errors import UsageError
 
-TRACES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
-needs_fixtures = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no fixtures at {TRACES}")
 CPU = TRACES / "cpu-gloo-ddp-mlp-2ranks"
 GPU = TRACES / "gpu-nccl-128ranks-sampled"
 PHASES = set("BEXiIbneCsftPONDMRc") | {"(", ")"}
@@ -174,7 +173,6 @@ def input_events(path: Path) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------- real traces, valid JSON
 
 
-@needs_fixtures
 @pytest.mark.parametrize("folder", [CPU, GPU], ids=["cpu-gloo", "gpu-nccl"])
 def test_fixture_timeline_is_a_valid_chrome_trace(folder: Path, tmp_path: Path) -> None:
     doc, result = timeline([folder], tmp_path / "t.json.gz")
@@ -192,7 +190,6 @@ def test_fixture_timeline_is_a_valid_chrome_trace(folder: Path, tmp_path: Path) 
     assert result.events.written == sum(1 for e in doc["traceEvents"] if e["ph"] != "M")
 
 
-@needs_fixtures
 @pytest.mark.parametrize("folder", [CPU, GPU], ids=["cpu-gloo", "gpu-nccl"])
 def test_each_rank_keeps_its_events_in_order_shifted_by_one_offset(
     folder: Path, tmp_path: Path
@@ -216,14 +213,12 @@ def test_each_rank_keeps_its_events_in_order_shifted_by_one_offset(
         assert shifts[0] == pytest.approx(clock["offset_us"] - facts["origin_trace_us"], abs=0.01)
 
 
-@needs_fixtures
 @pytest.mark.parametrize("folder", [CPU, GPU], ids=["cpu-gloo", "gpu-nccl"])
 def test_matched_collectives_line_up_within_the_stated_error(folder: Path, tmp_path: Path) -> None:
     doc, _ = timeline([folder], tmp_path / "t.json.gz")
     assert_collectives_line_up(doc)
 
 
-@needs_fixtures
 @pytest.mark.parametrize("folder", [CPU, GPU], ids=["cpu-gloo", "gpu-nccl"])
 def test_a_rank_whose_clock_is_5s_off_is_moved_back(folder: Path, tmp_path: Path) -> None:
     files = rank_files(folder)
@@ -242,7 +237,6 @@ def test_a_rank_whose_clock_is_5s_off_is_moved_back(folder: Path, tmp_path: Path
     assert span < 0.5 * SHIFT_US
 
 
-@needs_fixtures
 def test_without_collectives_the_recorded_clock_base_is_used(tmp_path: Path) -> None:
     files = rank_files(CPU)
     one = load(files[1])
@@ -273,7 +267,6 @@ def step_span(doc: dict[str, Any], pid: int, number: int) -> tuple[float, float]
     return ev["ts"], ev["ts"] + ev["dur"]
 
 
-@needs_fixtures
 def test_steps_keep_host_events_of_those_steps_only(tmp_path: Path) -> None:
     full, _ = timeline([CPU], tmp_path / "full.json.gz")
     doc, result = timeline([CPU], tmp_path / "t.json.gz", steps=parse_steps("3"))
@@ -297,7 +290,6 @@ def test_steps_keep_host_events_of_those_steps_only(tmp_path: Path) -> None:
     assert ev.dropped_steps > 0 and ev.written + ev.dropped_steps + ev.flows_dropped == ev.read
 
 
-@needs_fixtures
 def test_steps_keep_device_work_launched_in_them(tmp_path: Path) -> None:
     doc, result = timeline([GPU], tmp_path / "t.json.gz", steps=parse_steps("552:552"))
     check_chrome(doc)
@@ -316,7 +308,6 @@ def test_steps_keep_device_work_launched_in_them(tmp_path: Path) -> None:
             assert lo - 0.01 <= launches[corr] <= hi + 0.01  # launched inside step 552
 
 
-@needs_fixtures
 def test_min_dur_drops_only_shorter_complete_events(tmp_path: Path) -> None:
     floor = 20.0
     doc, result = timeline([CPU], tmp_path / "t.json.gz", min_dur_us=floor)
@@ -352,7 +343,6 @@ def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
-@needs_fixtures
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -377,7 +367,6 @@ def test_bad_input_is_one_line_and_exit_2(
     assert list(tmp_path.iterdir()) == []  # nothing written, no temp file
 
 
-@needs_fixtures
 def test_existing_out_needs_force(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -399,7 +388,6 @@ def test_existing_out_needs_force(
     check_chrome(load(mine))
 
 
-@needs_fixtures
 def test_two_files_of_one_rank_and_an_earlier_timeline(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -419,7 +407,6 @@ def test_two_files_of_one_rank_and_an_earlier_timeline(
     assert "are both rank 0" in one_error_line(capsys)
 
 
-@needs_fixtures
 def test_a_full_disk_is_one_line_and_leaves_no_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -560,7 +547,6 @@ def test_parse_steps_refuses(text: str) -> None:
         parse_steps(text)
 
 
-@needs_fixtures
 def test_flows_keep_both_ends_and_the_slices_they_bind_to(tmp_path: Path) -> None:
     """Launch -> kernel arrows of a GPU trace, cut by steps and a duration floor: a flow is
     written with both ends, each on a slice that is written too, or not at all."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _data import TRACES
 
 from mgprof.analyze import trace_cache
 from mgprof.analyze.executor import ProcessExecutor
@@ -23,8 +24,6 @@ from mgprof.errors import TraceError
 from mgprof.report.trace_terminal import jobs_to_json
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "fixtures" / "traces"
-needs_fixtures = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no fixtures at {TRACES}")
 SERIAL = ProcessExecutor(1)
 
 
@@ -45,7 +44,6 @@ def job(tmp_path: Path) -> list[Path]:
     return [Path(shutil.copy(f, out / f.name)) for f in sorted(src.glob("*.json.gz"))]
 
 
-@needs_fixtures
 @pytest.mark.parametrize(
     "folder",
     [
@@ -65,7 +63,6 @@ def test_hit_gives_the_same_bytes(folder: str, tmp_path: Path) -> None:
     assert cache.hits == len(files)
 
 
-@needs_fixtures
 def test_changed_file_is_analysed_again(job: list[Path], tmp_path: Path) -> None:
     cache = TraceCache(tmp_path / "cache")
     before = _json(job, cache)
@@ -82,7 +79,6 @@ def test_changed_file_is_analysed_again(job: list[Path], tmp_path: Path) -> None
     assert after == _json(job, False) and after != before
 
 
-@needs_fixtures
 def test_stamp_sees_same_size_same_mtime_rewrites(tmp_path: Path) -> None:
     f = tmp_path / "t.json"
     f.write_bytes(b'{"traceEvents": [' + b" " * 200_000 + b"]}")
@@ -106,7 +102,6 @@ def test_no_stamp_for_what_is_not_a_regular_file(tmp_path: Path) -> None:
     assert file_stamp(str(tmp_path)) is None
 
 
-@needs_fixtures
 def test_one_entry_serves_every_top_and_spelling_of_the_path(
     job: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,7 +121,6 @@ def test_one_entry_serves_every_top_and_spelling_of_the_path(
     assert cache.hits == 10 and cache.writes == 2
 
 
-@needs_fixtures
 def test_key_holds_a_larger_top_size_limit_and_engine(
     job: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -146,7 +140,6 @@ def test_key_holds_a_larger_top_size_limit_and_engine(
     assert cache.hits == 2
 
 
-@needs_fixtures
 def test_size_limit_still_applies_to_a_cached_file(
     job: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -157,7 +150,6 @@ def test_size_limit_still_applies_to_a_cached_file(
         analyze_job(job, executor=SERIAL, cache=cache)
 
 
-@needs_fixtures
 @pytest.mark.parametrize(
     "damage",
     [
@@ -180,7 +172,6 @@ def test_corrupt_entry_is_ignored_and_rewritten(
     assert cache.hits == 3  # the entry was rewritten whole
 
 
-@needs_fixtures
 def test_entry_of_another_file_is_not_trusted(job: list[Path], tmp_path: Path) -> None:
     cache = TraceCache(tmp_path / "cache")
     fresh = _json(job, cache)
@@ -190,7 +181,6 @@ def test_entry_of_another_file_is_not_trusted(job: list[Path], tmp_path: Path) -
     assert cache.rejected == 1
 
 
-@needs_fixtures
 def test_file_rewritten_during_its_analysis_is_not_cached(job: list[Path], tmp_path: Path) -> None:
     class Rewrites:
         description = "this process"
@@ -209,7 +199,6 @@ def test_file_rewritten_during_its_analysis_is_not_cached(job: list[Path], tmp_p
     assert (cache.hits, cache.writes) == (1, 2)
 
 
-@needs_fixtures
 def test_unwritable_cache_costs_nothing_but_speed(job: list[Path], tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -237,7 +226,6 @@ def test_default_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     assert default_cache() is not None
 
 
-@needs_fixtures
 def test_private_cache_files_are_private(job: list[Path], tmp_path: Path) -> None:
     cache = TraceCache(tmp_path / "cache", private=True)
     _json(job, cache)
@@ -263,7 +251,6 @@ def test_prune_removes_old_entries_only(tmp_path: Path) -> None:
     assert cache.prune() == 0  # at most once a day
 
 
-@needs_fixtures
 def test_cli_no_cache_writes_nothing(tmp_path: Path) -> None:
     folder = str(TRACES / "cpu-gloo-ddp-mlp-2ranks")
     env = {**os.environ, "MGPROF_CACHE_DIR": str(tmp_path / "c")}

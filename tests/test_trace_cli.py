@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from _data import TRACES
 
 from mgprof.cli import main
 
-TRACES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
-needs_fixtures = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no fixtures at {TRACES}")
 CONTRACT = [
     "window_us",
     "busy_pct",
@@ -25,7 +24,6 @@ CONTRACT = [
 ]
 
 
-@needs_fixtures
 @pytest.mark.parametrize("folder", ["cpu-gloo-ddp-mlp-2ranks", "gpu-nccl-128ranks-sampled"])
 def test_json_keys_on_fixture_dirs(folder: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", "--json", "--workers", "1", str(TRACES / folder)]) == 0
@@ -71,7 +69,6 @@ def test_json_text_is_json_dumps_indent_2() -> None:
     assert _dumps(data) == json.dumps(data, indent=2) + "\n"
 
 
-@needs_fixtures
 def test_out_file_atomic_and_no_overwrite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -86,7 +83,6 @@ def test_out_file_atomic_and_no_overwrite(
     assert main(["trace", src, "--out", str(out), "--force"]) == 0
 
 
-@needs_fixtures
 def test_terminal_rendering(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", str(TRACES / "gpu-nccl-a100-rank0of2")]) == 0
     text = capsys.readouterr().out

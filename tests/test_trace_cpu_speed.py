@@ -19,16 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _data import TRACES
 
 import mgprof.analyze.intervals as iv
 from mgprof.analyze.trace_load import load_trace
 from mgprof.analyze.trace_summary import analyze_trace_file
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT.parent / "shared" / "fixtures" / "traces" / "cpu-gloo-ddp-mlp-2ranks"
+FIXTURE = TRACES / "cpu-gloo-ddp-mlp-2ranks"
 COMM_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
-
-pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason="shared trace fixtures not present")
 
 
 def _source() -> dict[str, Any]:
@@ -257,7 +256,7 @@ def test_json_rendering_loads_no_rich() -> None:
 def test_gpu_trace_analysis_loads_no_numpy_ma() -> None:
     """numpy.percentile's first call imports numpy.ma (~10 ms of a command's start); the
     launch-delay percentiles of a GPU trace are taken without it."""
-    gpu = ROOT.parent / "shared" / "fixtures" / "traces" / "gpu-nccl-a100-rank0of2"
+    gpu = TRACES / "gpu-nccl-a100-rank0of2"
     out = _run(
         "import sys\n"
         "from mgprof.analyze.trace_summary import analyze_trace_file\n"

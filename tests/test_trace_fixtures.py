@@ -11,12 +11,11 @@ import json
 from pathlib import Path
 
 import pytest
+from _data import TRACES, need
 
 from mgprof.analyze.trace_summary import analyze_trace_file
 
-TRACES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
-FILES = sorted(TRACES.glob("*/*.json*")) if TRACES.is_dir() else []
-pytestmark = pytest.mark.skipif(not FILES, reason=f"fixture traces not found at {TRACES}")
+FILES = sorted(TRACES.glob("*/*.json*"))
 
 DEVICE = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 COMM_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
@@ -172,11 +171,11 @@ def test_known_shapes_of_fixtures() -> None:
     assert sum(c.count for c in a100.collectives) == 21
     ar = next(c for c in a100.collectives if c.type == "all_reduce")
     assert ar.group_size == 2 and ar.busbw_gbps == pytest.approx(ar.algbw_gbps * 1.0)
-    old = analyze_trace_file(next((TRACES / "gpu-resnet50-v100-old-schema").glob("*.gz")))
+    old = analyze_trace_file(need(TRACES / "gpu-resnet50-v100-old-schema", "*.gz"))
     assert old.kind == "gpu" and old.rank == 0 and old.rank_source == "file name"
     assert len(old.steps) == 6 and all(s.device_events > 0 for s in old.steps)
     assert old.totals.dataloader_pct is not None and old.totals.dataloader_pct > 0
-    gloo = analyze_trace_file(next((TRACES / "cpu-gloo-ddp-mlp-2ranks").glob("rank0*")))
+    gloo = analyze_trace_file(need(TRACES / "cpu-gloo-ddp-mlp-2ranks", "rank0*"))
     assert gloo.kind == "cpu" and gloo.totals.memcpy_pct is None
     assert "memcpy_pct" in gloo.not_applicable
     amd = analyze_trace_file(TRACES / "amd-mi250" / "rank-0.json.gz")

@@ -7,16 +7,15 @@ import json
 import tempfile
 from pathlib import Path
 
-import pytest
+from _data import TRACES, need
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mgprof.analyze.trace_summary import analyze_trace_file
 from mgprof.errors import TraceError
 
-TRACES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
 SMALL = TRACES / "amd-mi250" / "rank-0.json.gz"
-SEED_JSON = gzip.decompress(SMALL.read_bytes()) if SMALL.is_file() else b""
+SEED_JSON = gzip.decompress(need(SMALL).read_bytes())
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -30,7 +29,6 @@ def _check(data: bytes, suffix: str = ".json") -> None:
             assert "\n" not in str(exc)
 
 
-@pytest.mark.skipif(not SEED_JSON, reason="small fixture trace not found")
 @FUZZ
 @given(
     cut=st.integers(min_value=0),

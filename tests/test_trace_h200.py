@@ -8,17 +8,18 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from _data import GPU as GPU_DATA
+from _data import TRACES, need
 
 from mgprof.analyze import trace_load
 from mgprof.analyze.kernels import classify_kernel
 from mgprof.analyze.trace_load import FLOPS_ESTIMATED, estimate_flops, load_trace
 from mgprof.analyze.trace_summary import analyze_trace_file
 
-GPU = Path(__file__).parent / "data" / "gpu" / "traces"
-BF16 = next((GPU / "bf16-mlp").glob("*.json.gz"))
-FP32 = next((GPU / "fp32-mlp").glob("*.json.gz"))
-CPU_MLP = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
-CPU_MLP = CPU_MLP / "cpu-gloo-ddp-mlp-2ranks"
+GPU = GPU_DATA / "traces"
+BF16 = need(GPU / "bf16-mlp", "*.json.gz")
+FP32 = need(GPU / "fp32-mlp", "*.json.gz")
+CPU_MLP = TRACES / "cpu-gloo-ddp-mlp-2ranks"
 
 # The MLP in both traces: Linear(1024→4096), GELU, Linear(4096→4096), GELU, Linear(4096→1024) on a
 # 256-row batch, 3 profiled steps. Forward: one GEMM per layer; backward: grad-input and grad-weight
@@ -66,9 +67,7 @@ def test_mlp_flops_match_hand_arithmetic(path: Path) -> None:
 
 def test_cpu_fixture_flops() -> None:
     """CPU gloo DDP MLP: GEMM FLOPs from Input Dims, recounted here from the JSON."""
-    path = next(CPU_MLP.glob("rank0*")) if CPU_MLP.is_dir() else None
-    if path is None:
-        pytest.skip("fixture traces not found")
+    path = need(CPU_MLP, "rank0*")
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     want = 0
     for e in events:

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from _data import GPU, TRACES, need
 
 from mgprof.analyze import operators as ops_mod
 from mgprof.analyze.kernels import KERNELS_LIMIT
@@ -20,14 +21,14 @@ from mgprof.analyze.trace_load import load_trace
 from mgprof.analyze.trace_summary import analyze_trace_file
 from mgprof.report.trace_terminal import _rank_json
 
-FIXTURES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
-GPU_DATA = Path(__file__).parent / "data" / "gpu" / "traces"
+FIXTURES = TRACES
+GPU_DATA = GPU / "traces"
 A100 = FIXTURES / "gpu-nccl-a100-rank0of2" / "rank-0.json.gz"
 SAMPLED = FIXTURES / "gpu-nccl-128ranks-sampled" / "rank-0.json.gz"
-OLD_SCHEMA = next((FIXTURES / "gpu-resnet50-v100-old-schema").glob("*.json.gz"))
-CPU_DDP = sorted((FIXTURES / "cpu-gloo-ddp-mlp-2ranks").glob("*.json.gz"))[0]
-BF16 = next((GPU_DATA / "bf16-mlp").glob("*.json.gz"))
-GLOO_CUDA = sorted((GPU_DATA / "ddp-gloo-cuda-2ranks").glob("*.json.gz"))[0]
+OLD_SCHEMA = need(FIXTURES / "gpu-resnet50-v100-old-schema", "*.json.gz")
+CPU_DDP = need(FIXTURES / "cpu-gloo-ddp-mlp-2ranks", "rank0.*.json.gz")
+BF16 = need(GPU_DATA / "bf16-mlp", "*.json.gz")
+GLOO_CUDA = need(GPU_DATA / "ddp-gloo-cuda-2ranks", "rank0.*.json.gz")
 
 _OP_CATS = {"cpu_op", "operator"}
 _DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
@@ -39,8 +40,6 @@ _CONTAINERS = (
     "Optimizer.step#",
     "Optimizer.zero_grad#",
 )
-
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures not present")
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -265,9 +264,8 @@ def test_bounded_tables_keep_shares_honest() -> None:
 # The TensorBoard plugin's Operator view of this trace (torch-tb-profiler 0.4.3,
 # RunProfileData.from_json(...).op_list_groupby_name_input / _name): (name, input shape, calls,
 # host total, host self, device total, device self), µs.
-TB_RESNET50 = (
-    FIXTURES / "peers" / "tb-resnet50_num_workers_0" / "worker0.1623143089861.pt.trace.json.gz"
-)
+# (the plugin's tb-resnet50_num_workers_0 sample, kept once as the old-schema fixture)
+TB_RESNET50 = OLD_SCHEMA
 _BN = "[[32, 256, 56, 56], [32, 256, 56, 56], [256], [256], [256], [256], [256], [], [0]]"
 _TB_BY_SHAPE = [
     ("aten::cudnn_batch_norm_backward", _BN, 24, 2177, 919, 16151, 16151),

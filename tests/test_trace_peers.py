@@ -1,6 +1,6 @@
 """mgprof's figures on the peer tools' own test traces, against the figures their suites assert.
 
-The traces and the asserted figures are in ``shared/fixtures/traces/peers/`` (README there,
+The traces and the asserted figures are in ``tests/data/traces/`` (README there,
 with file:line in the peer's repository). Where mgprof defines a figure differently, the peer's
 figure is rebuilt from mgprof's output and the difference is named.
 """
@@ -12,11 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
+from _data import PEERS, TRACES
 
 from mgprof.analyze.trace_summary import analyze_trace_file
-
-PEERS = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces" / "peers"
-pytestmark = pytest.mark.skipif(not PEERS.is_dir(), reason=f"peer traces not found at {PEERS}")
 
 
 def _collectives(path: Path) -> dict[str, tuple[int, float, int | None]]:
@@ -80,7 +78,7 @@ def test_cpu_gloo_overlap_matches_the_plugin(
 
 def test_collective_totals_never_exceed_the_window() -> None:
     """hta-cpu_only: its gloo all_reduce calls run far longer than the profiled window."""
-    files = sorted((PEERS / "hta-cpu_only").glob("*.json*"))
+    files = sorted((TRACES / "cpu-gloo-fragment").glob("*.json*"))  # = hta-cpu_only
     assert files
     for path in files:
         s = analyze_trace_file(path)
@@ -92,7 +90,7 @@ def test_nccl_launches_without_device_events_are_not_transfers() -> None:
     """hta-rank_non_gpu: a CPU-only trace whose nccl:all_to_all ops are host-side enqueue spans
     of asynchronous NCCL calls (HTA raises IndexError on it; mgprof read 625 GB/s algbw and
     100 % overlap). Counts and sizes stay; time and bandwidth are unknown, with the reason."""
-    (path,) = sorted((PEERS / "hta-rank_non_gpu").glob("*.json*"))
+    path = TRACES / "misc" / "no-gpu-events.json.gz"  # = hta-rank_non_gpu
     s = analyze_trace_file(path)
     (a2a,) = s.collectives
     assert a2a.type == "all_to_all" and a2a.count == 6 and a2a.bytes == 353823264
@@ -142,7 +140,7 @@ def test_collective_type_follows_the_cpu_op_not_the_sendrecv_kernel() -> None:
     """hta-timeline_analysis: all-to-all and all-gather run as NCCL SendRecv kernels; their
     nccl:* CPU op (found around the kernel's launch) names what was asked for, and so decides
     the bus-bandwidth factor. Every kernel used to read send_recv."""
-    (path,) = sorted((PEERS / "hta-timeline_analysis").glob("*.json*"))
+    path = TRACES / "gpu-nccl-128ranks-sampled" / "rank-0.json.gz"  # = hta-timeline_analysis
     types = {c.type: c for c in analyze_trace_file(path).collectives}
     assert {"all_to_all", "all_reduce", "all_gather"} <= set(types)
     assert "send_recv" not in types
@@ -161,7 +159,7 @@ def test_mtia_device_events_are_device_events() -> None:
     CPU-only. HTA asserts idle / compute / non-compute 42.382 / 54.813 / 2.806 % over a
     13,328,347 us window; HTA rounds every event to whole us (start up, end down), which
     accounts for the small residual (22,361 DMA events lose up to 1 us each)."""
-    (path,) = sorted((PEERS / "hta-mtia_trace_single_rank").glob("*.json*"))
+    path = PEERS / "hta-mtia_trace_single_rank" / "mtia_rank_0.json.gz"
     s = analyze_trace_file(path)
     t = s.totals
     assert s.kind == "gpu"
@@ -172,13 +170,14 @@ def test_mtia_device_events_are_device_events() -> None:
     assert s.top_kernels[0].name == "fc-dtype_Float"
 
 
-RESNET = "tb-resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+# tb-resnet50_num_workers_0's worker0.1623143089861 is the old-schema fixture, kept once
+RESNET = TRACES / "gpu-resnet50-v100-old-schema" / "worker0.1623143089861.pt.trace.json.gz"
 
 
 def test_resnet50_per_step_kernel_and_memory_time_match_the_plugin() -> None:
     """tb-resnet50_num_workers_0 (result_check_file.txt): per-step Kernel and Memcpy+Memset
     time, and the Average Step Time 177592 us, rebuilt from mgprof's extended step spans."""
-    s = analyze_trace_file(PEERS / RESNET)
+    s = analyze_trace_file(RESNET)
     kernel = [98598, 98570, 98596, 98623, 98504, 98641]
     memory = [1941 + 90, 1947 + 89, 1931 + 91, 1938 + 89, 1937 + 87, 1798 + 88]
     assert [round(st.totals.compute_us or 0) for st in s.steps] == kernel
@@ -194,8 +193,8 @@ def test_step_windows_never_overlap() -> None:
     """DESIGN.md: step k's device window starts no earlier than step k-1's ends, so the sum of
     step windows stays within the trace window (a step's prefetch copy used to be counted in
     two steps: up to 47 % over the real span)."""
-    for rel in (RESNET, "tb-test_multiple_profilersteps_with_overlap/worker0.case1.json"):
-        s = analyze_trace_file(PEERS / rel)
+    for path in (RESNET, PEERS / "tb-test_multiple_profilersteps_with_overlap/worker0.case1.json"):
+        s = analyze_trace_file(path)
         spans = [(st.device_start_us, st.device_end_us) for st in s.steps if st.device_start_us]
         for (_, end), (start, _) in itertools.pairwise(spans):
             assert start >= end - 1e-6
@@ -215,7 +214,7 @@ def test_every_rank_gets_a_health_block() -> None:
     """What each trace gave the analysis: steps, rank, comm kernels, device events without a
     launch, unknown categories, dropped events (issue: a figure with unhealthy inputs is null
     with the reason, never a silent 0)."""
-    mtia = analyze_trace_file(next((PEERS / "hta-mtia_trace_single_rank").glob("*.json*")))
+    mtia = analyze_trace_file(PEERS / "hta-mtia_trace_single_rank" / "mtia_rank_0.json.gz")
     assert mtia.health is not None
     assert mtia.health.rank_found and mtia.health.steps_found == 1
     assert mtia.health.device_events_without_launch == 22361  # the DMA transfers

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from _data import TRACES
 
 from mgprof.analyze import trace_split
 from mgprof.analyze.reducer_merge import MERGED_ATTRIBUTES
@@ -21,8 +22,6 @@ from mgprof.analyze.trace_reduce import _Reducer
 from mgprof.analyze.trace_summary import analyze_trace_file
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "fixtures" / "traces"
-needs_fixtures = pytest.mark.skipif(not TRACES.is_dir(), reason=f"no fixtures at {TRACES}")
 pytestmark = pytest.mark.skipif(
     not (sys.platform == "linux" and hasattr(os, "fork")), reason="the split forks: Linux only"
 )
@@ -61,7 +60,6 @@ def _summary_bytes(path: Path, monkeypatch: pytest.MonkeyPatch, at: float | None
         return msgspec.msgpack.encode(analyze_trace_file(path, top=10, processes=2))
 
 
-@needs_fixtures
 @pytest.mark.parametrize("name", REAL)
 def test_split_anywhere_gives_the_single_readers_summary(
     name: str, monkeypatch: pytest.MonkeyPatch
@@ -98,7 +96,6 @@ def _scaled_cpu_trace(tmp_path: Path, copies: int) -> Path:
     return path
 
 
-@needs_fixtures
 def test_split_of_a_plain_multi_slice_cpu_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,7 +107,6 @@ def test_split_of_a_plain_multi_slice_cpu_trace(
         assert _summary_bytes(path, monkeypatch, at) == want, f"cut at {at}"
 
 
-@needs_fixtures
 def test_a_file_the_split_cannot_read_goes_to_the_single_reader(tmp_path: Path) -> None:
     """A truncated gzip: the split gives up (None) and load_trace's error is the single
     reader's, word for word."""
@@ -125,7 +121,6 @@ def test_a_file_the_split_cannot_read_goes_to_the_single_reader(tmp_path: Path) 
     assert type(split.value) is type(alone.value) and str(split.value) == str(alone.value)
 
 
-@needs_fixtures
 def test_a_killed_second_reader_leaves_one_reader_and_a_bug_in_it_is_raised(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -180,7 +175,6 @@ def test_a_thread_spelled_two_ways_across_the_cut_is_read_alone(
     assert two.main_thread[0].size == one.main_thread[0].size == 20000
 
 
-@needs_fixtures
 def test_a_child_out_of_memory_leaves_one_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     real = trace_split.pickle.dumps
 
@@ -199,7 +193,6 @@ def test_a_fifo_is_not_opened(tmp_path: Path) -> None:
     assert trace_split.load_split(fifo, min_bytes=0) is None  # and it did not block
 
 
-@needs_fixtures
 def test_not_used_below_the_size_or_beside_another_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -219,7 +212,6 @@ def test_not_used_below_the_size_or_beside_another_thread(
         t.join()
 
 
-@needs_fixtures
 @pytest.mark.parametrize(
     ("workers", "files", "split"), [(2, 1, True), (1, 1, False), (2, 2, False)]
 )

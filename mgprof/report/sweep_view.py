@@ -17,6 +17,7 @@ from mgprof.analyze.noise_scale import SweepNoiseScale, pooled_steps_note
 from mgprof.analyze.sweep import SweepResult, Trial
 from mgprof.report.safe_text import json_text, md_text, printable, rich_text
 from mgprof.report.term_table import Col, print_fitted
+from mgprof.report.term_title import rule_with_path
 
 COLUMNS = (
     "batch",
@@ -216,7 +217,7 @@ def _batch(result: SweepResult, batch: int | None) -> str:
 
 def render_sweep(result: SweepResult, console: Console) -> None:
     """The sweep as the terminal shows it: answer, table, caveats."""
-    console.rule(rich_text(f"mgprof sweep: {result.script or ''}", style="bold"), align="left")
+    rule_with_path(console, "mgprof sweep:", result.script or "", align="left")
     grid = RichTable.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()

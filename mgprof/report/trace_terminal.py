@@ -99,10 +99,9 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     from rich.text import Text
 
     from mgprof.report.term_table import Col, print_fitted
+    from mgprof.report.term_title import rule_with_path
 
-    console.rule(
-        Text.assemble(("mgprof trace", "bold"), " ", rich_text(job.directory, highlight=True))
-    )
+    rule_with_path(console, "mgprof trace", job.directory)
     totals_cols = [
         Col("rank"),
         Col("kind", numeric=False),
