@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mgprof.collect.autowrap import AutoWrap
+from mgprof.collect.wrapping.autowrap import AutoWrap
 
 TARGET_OVERHEAD_PCT = 1.0
 

@@ -196,9 +196,9 @@ class PeakWatch:
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Run in a fresh process: ``analyze_job`` over ``spec["folder"]`` with one executor."""
     t_import = time.perf_counter()
-    from mgprof.analyze.executor import DaskExecutor, ProcessExecutor
-    from mgprof.analyze.trace_cache import TraceCache
-    from mgprof.analyze.trace_job import analyze_job, find_trace_files
+    from mgprof.analyze.execution.cache import TraceCache
+    from mgprof.analyze.execution.executor import DaskExecutor, ProcessExecutor
+    from mgprof.analyze.trace.job import analyze_job, find_trace_files
 
     (files,) = find_trace_files([spec["folder"]]).values()
     imported = time.perf_counter() - t_import
@@ -311,8 +311,8 @@ def cli_warm(folder: str, cache: str, ranks: int, out: Path, timeout: float) -> 
 def formats(rank_file: Path, repeat: int = 200) -> dict[str, Any]:
     """msgpack (what the cache writes) against Parquet (collective calls as columns, the rest of
     the summary as msgpack in the file's metadata) for one rank's summary."""
-    from mgprof.analyze.comm_types import CollectiveCall
-    from mgprof.analyze.trace_summary import RankTraceSummary, analyze_trace_file
+    from mgprof.analyze.trace.comm_types import CollectiveCall
+    from mgprof.analyze.trace.summary import RankTraceSummary, analyze_trace_file
 
     t0 = time.perf_counter()
     summary = analyze_trace_file(rank_file)

@@ -62,7 +62,7 @@ def _build(variant: str, width: int, layers: int, device: Any) -> Any:
 
     import mgprof
     from mgprof.collect import noise_scale
-    from mgprof.collect.wrap import _switchable_allreduce
+    from mgprof.collect.wrapping.wrap import _switchable_allreduce
 
     torch.manual_seed(0)
     mods: list[nn.Module] = []

@@ -34,7 +34,7 @@ import torch
 from bench_autowrap import make_model  # the same model as the auto-wrap benchmark's route
 from torch import nn
 
-from mgprof.collect.precision import PrecisionControl
+from mgprof.collect.wrapping.precision import PrecisionControl
 
 TARGET_OVERHEAD_PCT = 1.0
 

@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from mgprof.collect.sampler import start_sampler
+from mgprof.collect.devices.sampler import start_sampler
 from mgprof.testing import FakeNvml
 
 TARGET_10HZ_PCT = 2.0

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mgprof.analyze.sweep import SweepPlanner, Trial, max_trials, summarize
+from mgprof.analyze.sweep.result import SweepPlanner, Trial, max_trials, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 LO, HI, MARGIN, FRACTION = 8, 4096, 0.1, 0.95

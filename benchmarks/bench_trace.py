@@ -115,7 +115,7 @@ def link_subset(src: Path, dst: Path, ranks: int) -> Path:
 
 _MGPROF = """
 import sys
-from mgprof.analyze.trace_summary import analyze_job, find_trace_files
+from mgprof.analyze.trace.job import analyze_job, find_trace_files
 for files in find_trace_files([sys.argv[1]]).values():
     job = analyze_job(files)
     print(len(job.ranks), [round(r.totals.busy_pct or 0, 2) for r in job.ranks][:2])

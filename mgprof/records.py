@@ -182,7 +182,7 @@ class PrecisionRecord(Struct):
     """
 
     requested: str
-    """``fp32``, ``bf16`` or ``fp16`` (``mgprof.collect.precision.PRECISIONS``)."""
+    """``fp32``, ``bf16`` or ``fp16`` (``mgprof.collect.wrapping.precision.PRECISIONS``)."""
     applied: bool = False
     """The trained module's forward ran under mgprof's autocast setting."""
     device_type: str | None = None
@@ -216,7 +216,7 @@ class NoiseScaleRecord(Struct):
     Per measured step (columnar, one list per field, like ``DeviceSamples``): the squared norm of
     this rank's own gradient before averaging (``local_sq``) and of the gradient after it
     (``avg_sq``), and the samples this rank put into the step. The analysis combines the ranks
-    per step (``mgprof.analyze.noise_scale``); nothing here is an estimate yet.
+    per step (``mgprof.analyze.run.noise_scale``); nothing here is an estimate yet.
     """
 
     version: int = 1

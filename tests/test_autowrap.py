@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgprof.analyze.grad_sync import grad_sync, strategy_label
+from mgprof.analyze.run.grad_sync import grad_sync, strategy_label
 from mgprof.records import AutoWrapRecord, RankRecord, RunRecord, TrainingFacts
 from tests._spawn import clean_env, python_args, run, write_script
 
@@ -13,7 +13,7 @@ import copy, os, pickle, sys, warnings
 import torch
 import torch.distributed as dist
 from torch import nn
-from mgprof.collect.autowrap import AutoWrap
+from mgprof.collect.wrapping.autowrap import AutoWrap
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1")
 original_call = nn.Module.__call__

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mgprof.analyze.comm import busbw_factor
+from mgprof.analyze.trace.comm import busbw_factor
 from tests._spawn import clean_env, python_args, run
 
 
@@ -49,7 +49,7 @@ def test_bad_bandwidth_input_is_one_line_and_exit_2(
 
 
 def test_attainable_busbw_interpolates_in_log_size() -> None:
-    from mgprof.analyze.bandwidth import against_baseline, attainable_busbw
+    from mgprof.analyze.trace.bandwidth import against_baseline, attainable_busbw
 
     baseline = {
         "rows": [

@@ -16,8 +16,7 @@ import pytest
 from _spawn import write_script
 from rich.console import Console
 
-from mgprof.analyze.run_analysis import steady_state_steps
-from mgprof.analyze.scaling import (
+from mgprof.analyze.compare.scaling import (
     Comparison,
     NotApplicable,
     Row,
@@ -27,6 +26,7 @@ from mgprof.analyze.scaling import (
     trial_batches,
     verdict,
 )
+from mgprof.analyze.run.analysis import steady_state_steps
 from mgprof.cli import main
 from mgprof.records import RankRecord, RunRecord, StepRecord, read_run
 from mgprof.report.compare_view import (
@@ -67,7 +67,7 @@ def _run(strategy: str, world: int, step_ms: float, batch: int) -> RunRecord:
 
 
 def _analysis(run: RunRecord) -> dict[str, Any]:
-    from mgprof.analyze.run_analysis import analyze_run
+    from mgprof.analyze.run.analysis import analyze_run
 
     return dict(analyze_run(run, None))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgprof.collect.device_map import (
+from mgprof.collect.devices.device_map import (
     DeviceMapError,
     cuda_device_identity,
     normalize_pci_bus_id,

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from mgprof.analyze.diff import FailSpec, diff_sides, parse_fail_on
-from mgprof.analyze.diff_inputs import Component, Side
-from mgprof.analyze.diff_stats import bootstrap_ratio, mann_whitney
+from mgprof.analyze.diff.changes import FailSpec, diff_sides, parse_fail_on
+from mgprof.analyze.diff.inputs import Component, Side
+from mgprof.analyze.diff.stats import bootstrap_ratio, mann_whitney
 
 
 def _brute_force_p(a: list[float], b: list[float]) -> float:

@@ -22,11 +22,11 @@ from _spawn import clean_env, python_args, run, write_script
 
 import mgprof
 from mgprof import atomic, rundir
-from mgprof.collect import delivery as delivery_module
-from mgprof.collect import session as session_module
-from mgprof.collect import staging as staging_module
 from mgprof.collect import torch_profiler
 from mgprof.collect.failopen import MgprofWarning
+from mgprof.collect.session import delivery as delivery_module
+from mgprof.collect.session import session as session_module
+from mgprof.collect.session import staging as staging_module
 from mgprof.collect.torch_profiler import TraceWriter
 from mgprof.records import RunRecord, read_run
 

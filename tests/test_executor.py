@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from _data import TRACES
 
-from mgprof.analyze import trace_summary
-from mgprof.analyze.executor import DaskExecutor, ProcessExecutor, TaskLost, make_executor
-from mgprof.analyze.trace_job import analyze_job, find_trace_files
+from mgprof.analyze.execution.executor import DaskExecutor, ProcessExecutor, TaskLost, make_executor
+from mgprof.analyze.trace import summary as trace_summary
+from mgprof.analyze.trace.job import analyze_job, find_trace_files
 from mgprof.commands.trace import _dumps
 from mgprof.errors import TraceError, UsageError
 from mgprof.report.trace_terminal import jobs_to_json
@@ -130,7 +130,7 @@ def test_make_executor_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_dask_is_imported_only_when_chosen() -> None:
     code = (
         "import sys\n"
-        "from mgprof.analyze.trace_job import analyze_job\n"
+        "from mgprof.analyze.trace.job import analyze_job\n"
         "import mgprof.commands.trace\n"
         "bad = sorted(m for m in ('dask', 'distributed', 'pyarrow', 'torch') if m in sys.modules)\n"
         "assert not bad, bad\n"

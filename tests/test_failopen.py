@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import mgprof
-from mgprof.collect import sampler as sampler_module
-from mgprof.collect import session as session_module
+from mgprof.collect.devices import sampler as sampler_module
 from mgprof.collect.failopen import FailOpen, MgprofWarning
+from mgprof.collect.session import session as session_module
 from mgprof.collect.torch_profiler import TraceWriter
 from mgprof.records import read_run
 

@@ -21,16 +21,15 @@ import torch.distributed as dist
 
 import mgprof
 from mgprof.collect import api as api_module
-from mgprof.collect import autowrap as autowrap_module
-from mgprof.collect import delivery as delivery_module
 from mgprof.collect import failopen as failopen_module
 from mgprof.collect import hooks
-from mgprof.collect import sampler as sampler_module
-from mgprof.collect import session as session_module
-from mgprof.collect import wrap as wrap_module
+from mgprof.collect.devices import sampler as sampler_module
 from mgprof.collect.failopen import FailOpen, MgprofWarning
-from mgprof.collect.nosync import NoSyncAB
-from mgprof.collect.step_timer import Clock
+from mgprof.collect.session import delivery as delivery_module
+from mgprof.collect.session import session as session_module
+from mgprof.collect.session.step_timer import Clock
+from mgprof.collect.wrapping import wrap as wrap_module
+from mgprof.collect.wrapping.nosync import NoSyncAB
 from mgprof.records import read_run
 
 STEPS = 6
@@ -349,7 +348,7 @@ def test_destroy_process_group_hook_still_destroys_the_group(
 def test_init_process_group_hook_still_initialises_the_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(autowrap_module, "process_group_by_mgprof", broken)
+    monkeypatch.setattr(hooks, "process_group_by_mgprof", broken)
     try:
         with (
             pytest.warns(MgprofWarning) as record,
@@ -439,7 +438,7 @@ def test_sync_ab_that_fails_restores_the_model_and_never_raises(
 ) -> None:
     """The A/B runs in the optimizer hook: a failure (here: its state snapshot, and a result
     that cannot be written) ends the A/B with the model as it was and gradient sync on."""
-    import mgprof.collect.nosync as nosync_module
+    import mgprof.collect.wrapping.nosync as nosync_module
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2)

@@ -18,11 +18,11 @@ import pytest
 from _spawn import Result, clean_env, python_args, run, write_script
 from rich.console import Console
 
-from mgprof.analyze.run_analysis import analyze_run
+from mgprof.analyze.run.analysis import analyze_run
 from mgprof.records import RankExit, RankRecord, RunRecord, StepRecord, read_run
 from mgprof.report import failure_summary as fs
-from mgprof.report.run_markdown import run_to_markdown
-from mgprof.report.run_terminal import render_run
+from mgprof.report.run.markdown import run_to_markdown
+from mgprof.report.run.terminal import render_run
 from mgprof.run import launcher as launch
 from mgprof.run import ranklog
 

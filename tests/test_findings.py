@@ -17,7 +17,7 @@ from rich.console import Console
 
 from mgprof.analyze import findings as fd
 from mgprof.analyze.findings import RULES, evaluate_findings
-from mgprof.analyze.run_analysis import analyze_run
+from mgprof.analyze.run.analysis import analyze_run
 from mgprof.records import (
     DeviceInfo,
     DeviceSamples,
@@ -28,8 +28,8 @@ from mgprof.records import (
     StepRecord,
     TrainingFacts,
 )
-from mgprof.report.run_markdown import run_to_markdown
-from mgprof.report.run_terminal import render_run
+from mgprof.report.run.markdown import run_to_markdown
+from mgprof.report.run.terminal import render_run
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_MIB = 81_559.0

@@ -19,10 +19,10 @@ import msgspec
 import pytest
 
 from mgprof.analyze.findings import SEVERITY_ORDER, evaluate_findings
-from mgprof.analyze.run_analysis import analyze_run
-from mgprof.analyze.run_job_figures import job_analysis
-from mgprof.analyze.run_rank_figures import analyze_rank
-from mgprof.analyze.run_traces import RunTraces
+from mgprof.analyze.run.analysis import analyze_run
+from mgprof.analyze.run.job_figures import job_analysis
+from mgprof.analyze.run.rank_figures import analyze_rank
+from mgprof.analyze.run.traces import RunTraces
 from mgprof.records import RankRecord, RunRecord, StepRecord, TrainingFacts, read_run
 
 pytestmark = pytest.mark.slow  # the real run spawns two ranks (once per session)

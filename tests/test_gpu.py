@@ -51,7 +51,7 @@ def test_cuda_session_records_device_memory_nvml_and_traces(tmp_path: Path) -> N
     # the sampled GPU is the one torch used: same UUID
     assert dev.facts["uuid"] == rank.device.uuid
     trace = next((tmp_path / run.run_id / "traces").glob("rank0*.pt.trace.json.gz"))
-    from mgprof.analyze.trace_summary import analyze_trace_file
+    from mgprof.analyze.trace.summary import analyze_trace_file
 
     summary = analyze_trace_file(trace)
     assert summary.kind == "gpu"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mgprof.analyze.run_analysis import analyze_run
+from mgprof.analyze.run.analysis import analyze_run
 from mgprof.records import RunRecord, read_run
 
 Analysed = tuple[RunRecord, dict[str, Any]]

@@ -24,7 +24,7 @@ import pytest
 from _data import TRACES
 from _trace_events import ev
 
-from mgprof.analyze.trace_load import load_trace
+from mgprof.analyze.tracefile.load import load_trace
 from mgprof.cli import main
 from mgprof.records import RankRecord, RunRecord, StepRecord, encode_run
 

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from mgprof.analyze.findings import evaluate_findings
-from mgprof.analyze.run_analysis import analyze_run
+from mgprof.analyze.run.analysis import analyze_run
 from mgprof.errors import UsageError
 from mgprof.records import (
     DeviceInfo,
@@ -31,8 +31,8 @@ from mgprof.records import (
 
 pytest.importorskip("plotly", reason="the HTML report needs plotly: pip install 'mgprof[html]'")
 
-from mgprof.report import html as html_report
-from mgprof.report.html_text import unintern_strings
+from mgprof.report.html import page as html_report
+from mgprof.report.html.text import unintern_strings
 
 EVIL = "<img src=x onerror=alert(1)>"
 AMP_KERNEL = "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>&>"

@@ -16,16 +16,16 @@ import msgspec
 import pytest
 
 from mgprof.analyze.findings import evaluate_findings
-from mgprof.analyze.run_analysis import analyze_run
+from mgprof.analyze.run.analysis import analyze_run
 from mgprof.records import RegionRecord, RunRecord, read_run
 
 pytest.importorskip("plotly", reason="the HTML report needs plotly: pip install 'mgprof[html]'")
 
 from test_html_report import CHROMIUM, render_in_chromium
 
-from mgprof.report import html as html_report
-from mgprof.report.html_text import unintern_strings
-from mgprof.report.html_views import VIEWS
+from mgprof.report.html import page as html_report
+from mgprof.report.html.text import unintern_strings
+from mgprof.report.html.views import VIEWS
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_RUN = ROOT / "tests" / "data" / "gpu" / "mgprof-run-h200"

@@ -22,13 +22,13 @@ from _spawn import (
 )
 
 import mgprof
-import mgprof.collect.session as session_module
+import mgprof.collect.session.session as session_module
 import mgprof.report.files as report_files
-from mgprof.analyze.run_analysis import analyze_run
+from mgprof.analyze.run.analysis import analyze_run
 from mgprof.collect.failopen import MgprofWarning
 from mgprof.records import DeviceInfo, RankRecord, RunRecord, StepRecord, read_run
 from mgprof.report.files import analyze_with_findings
-from mgprof.report.summary_lines import summary_lines
+from mgprof.report.run.summary_lines import summary_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "mlp_context.py"
@@ -245,7 +245,7 @@ def test_report_files_module_runs_on_its_own(tmp_path: Path) -> None:
 def test_a_failing_summary_is_one_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mgprof.report.summary_lines as summary
+    import mgprof.report.run.summary_lines as summary
 
     def broken(*args: object) -> list[str]:
         raise ValueError("bad figure")

@@ -4,8 +4,11 @@ commands → studies → run → collect; run, studies and collect may use analy
 studies view too); everything may use the shared vocabulary at the root (records, errors, atomic,
 rundir, safe_read, parent_death). analyze and report import neither torch nor pynvml nor any layer
 above them.
-Checked on the source, every import, including the ones inside functions, so a lazy import cannot
-hide a wrong arrow.
+Checked on the source, every import, including the ones inside functions (and the ones only a
+type checker follows), so a lazy import cannot hide a wrong arrow. Inside the layers: no import
+circle between modules (two modules that import each other are one idea, or a third is missing),
+and no folder with more than ``MAX_MODULES`` modules (a shared file-name prefix is a folder
+asking to exist).
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ ALLOWED: dict[str, set[str]] = {
     "main": {"cli"},
 }
 PURE = {"analyze", "report"}
+MAX_MODULES = 15
+"""Modules a folder may hold (``__init__.py`` not counted), as HTA keeps its folders."""
 
 
 def _layer(module: str) -> str:
-    """``mgprof.collect.session`` -> ``collect``; root modules are their own layer."""
+    """``mgprof.collect.session.session`` -> ``collect``; root modules are their own layer."""
     parts = module.split(".")
     if len(parts) == 1:
         return "package"
@@ -122,3 +127,91 @@ def test_the_checker_sees_a_wrong_arrow(tmp_path: Path) -> None:
 def test_no_module_is_loose_at_the_root() -> None:
     root = {p.stem for p in PACKAGE.glob("*.py")}
     assert root == {"__init__", "__main__", "cli", "testing"} | SHARED
+
+
+def _module_edges(path: Path, module: str, known: set[str]) -> set[str]:
+    """The package's modules that ``module`` imports: ``from pkg import mod`` is an edge to
+    ``pkg.mod``, ``from mod import name`` an edge to ``mod``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            found.add(stem)
+            found.update(f"{stem}.{alias.name}" for alias in node.names)
+    return {m for m in found if m in known and m != module}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_import_circle() -> None:
+    known = {m for m, _ in MODULES}
+    graph = {m: _module_edges(path, m, known) for m, path in MODULES}
+    circles = _circles(graph)
+    assert not circles, f"modules that import each other (directly or round a circle): {circles}"
+
+
+def test_the_circle_finder_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _circles(graph) == [["a", "b", "c"]]
+
+
+def test_no_folder_is_crowded() -> None:
+    crowded = {
+        str(folder.relative_to(PACKAGE.parent)): n
+        for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]
+        if (n := len([f for f in folder.glob("*.py") if f.name != "__init__.py"])) > MAX_MODULES
+    }
+    assert not crowded, f"folders past {MAX_MODULES} modules: {crowded}"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from _data import TRACES
 
-from mgprof.analyze.memory_events import DEFINITIONS, memory_timeline
+from mgprof.analyze.memory.events import DEFINITIONS, memory_timeline
 from mgprof.errors import TraceError
 from tests._spawn import python_args, run
 
@@ -281,7 +281,7 @@ def test_the_module_imports_without_torch(tmp_path: Path) -> None:
         """
         import sys
         sys.modules["torch"] = None
-        from mgprof.analyze.memory_events import memory_timeline
+        from mgprof.analyze.memory.events import memory_timeline
         ev = [{"ph": "i", "name": "[memory]", "ts": 1, "tid": 1,
                "args": {"Addr": 5, "Bytes": 1048576, "Device Type": 0}}]
         out = memory_timeline(ev)

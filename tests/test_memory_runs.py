@@ -109,7 +109,7 @@ def test_curves_peaks_and_the_site_of_rank_1s_extra_memory(
     assert rss[1] - rss[0] >= 0.8 * extra
     differs = memory["comparison"]["differs"]
     assert differs["rank"] == 1 and differs["delta_mib"] == pytest.approx(extra, abs=0.5)
-    from mgprof.report.run_memory_profile import memory_profile_section
+    from mgprof.report.run.memory_profile import memory_profile_section
 
     section = memory_profile_section(analysis)
     assert section is not None and any("inside the traced steps" in n for n in section.notes)
@@ -133,7 +133,7 @@ def test_a_cuda_snapshot_gives_the_profile_and_the_oom(tmp_path: Path) -> None:
     analysis reads the rank's snapshot file with its step and region marks."""
     import shutil
 
-    from mgprof.analyze.run_memory import memory_analysis
+    from mgprof.analyze.run.memory import memory_analysis
     from mgprof.records import DeviceInfo, MemoryRecord, RankRecord, RunRecord
     from tests.test_memory_snapshot import HANDMADE, PHASES, STEPS
 

@@ -31,8 +31,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from mgprof.analyze.memory_replay import replay
-from mgprof.analyze.memory_snapshot import (
+from mgprof.analyze.memory.replay import replay
+from mgprof.analyze.memory.snapshot import (
     SnapshotSummary,
     describe_device0_imbalance,
     load_snapshot,
@@ -294,7 +294,7 @@ def test_the_rank_with_an_extra_2_gib_is_named() -> None:
 def _compare(summaries: dict[int, SnapshotSummary]) -> dict[str, Any]:
     """The run analysis' rank comparison over these summaries, on 80 GB devices (its floor is
     then 1 % of the device, 816 MiB)."""
-    from mgprof.analyze.run_memory import _comparison
+    from mgprof.analyze.run.memory import _comparison
     from mgprof.records import DeviceInfo, RankRecord, RunRecord
 
     profiles = [
@@ -339,7 +339,7 @@ def test_dataparallel_device_0_is_named() -> None:
     dp0 = describe_device0_imbalance({d.device: d.peak_reserved_mib for d in s.devices})
     assert dp0 is not None and dp0.excess_mib == 1024.0
     # the run analysis names it from a DataParallel rank's per-device peaks
-    from mgprof.analyze.run_memory import _dp_imbalance
+    from mgprof.analyze.run.memory import _dp_imbalance
     from mgprof.records import MemoryRecord, RankRecord, RunRecord
 
     per_device = {"cuda:1": {"peak_reserved_mib": 3000.0}, "cuda:0": {"peak_reserved_mib": 5000.0}}
@@ -358,7 +358,7 @@ def test_the_module_imports_and_runs_without_torch_or_numpy() -> None:
         import sys
         sys.modules["torch"] = None
         sys.modules["numpy"] = None
-        from mgprof.analyze.memory_snapshot import load_snapshot, summarize_snapshot
+        from mgprof.analyze.memory.snapshot import load_snapshot, summarize_snapshot
         s = summarize_snapshot(load_snapshot({str(HANDMADE)!r}))
         assert s.top_sites[0].site == "train.py:42 forward", s
         print("ok")

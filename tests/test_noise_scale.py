@@ -20,7 +20,7 @@ import pytest
 from _spawn import clean_env, python_args, run, run_dirs, torchrun_args
 from rich.console import Console
 
-from mgprof.analyze.noise_scale import (
+from mgprof.analyze.run.noise_scale import (
     NoiseSweepResult,
     StepNoise,
     estimate_pair,
@@ -28,7 +28,7 @@ from mgprof.analyze.noise_scale import (
     summarize_steps,
     sweep_noise_scale,
 )
-from mgprof.analyze.sweep import Trial, summarize
+from mgprof.analyze.sweep.result import Trial, summarize
 from mgprof.collect.noise_scale import ONE_RANK_REASON
 from mgprof.records import (
     NoiseScaleRecord,
@@ -39,10 +39,10 @@ from mgprof.records import (
     encode_run,
     read_run,
 )
-from mgprof.report.html_charts import chart_figures
-from mgprof.report.run_markdown import run_to_markdown
-from mgprof.report.run_noise_scale import noise_scale_section
-from mgprof.report.run_sections import build_sections
+from mgprof.report.html.charts import chart_figures
+from mgprof.report.run.markdown import run_to_markdown
+from mgprof.report.run.noise_scale import noise_scale_section
+from mgprof.report.run.sections import build_sections
 from mgprof.report.sweep_view import render_sweep, sweep_to_markdown
 from mgprof.studies.sweep import read_sweep, write_sweep
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from mgprof.collect.nvml import (
+from mgprof.collect.devices.nvml import (
     READ_COLUMNS,
     NvmlSession,
     NvmlUnavailable,

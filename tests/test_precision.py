@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from mgprof.analyze.compare.precision_rows import tensor_core_share_of_gemm
 from mgprof.analyze.findings.compute import measured_precision
-from mgprof.analyze.flop_estimate import PREC_FP32, PREC_REDUCED, leaf_gemm_time
-from mgprof.analyze.precision import LOSS_DEVIATION_PCT, loss_check
-from mgprof.analyze.precision_rows import tensor_core_share_of_gemm
+from mgprof.analyze.run.precision import LOSS_DEVIATION_PCT, loss_check
+from mgprof.analyze.tracefile.flop_estimate import PREC_FP32, PREC_REDUCED, leaf_gemm_time
 from tests._spawn import Result, clean_env, python_args, run_many
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from mgprof.collect.precision import PrecisionControl
+from mgprof.collect.wrapping.precision import PrecisionControl
 
 
 @pytest.fixture
@@ -123,7 +123,7 @@ def test_dataparallel_replicas_run_the_setting_in_their_own_threads(
     """torch's DataParallel re-enters autocast in each replica thread with the outer enable flag
     only (``parallel_apply``): the dtype falls back to the device's default. Emulated here on
     CPU, where the default is bf16, with an fp16 setting."""
-    from mgprof.collect import autowrap
+    from mgprof.collect.wrapping import autowrap
 
     model = _model()
     control = _control(installed, "fp16", [])

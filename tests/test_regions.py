@@ -12,12 +12,12 @@ import numpy as np
 from rich.console import Console
 
 import mgprof
-from mgprof.analyze.regions import region_figures
-from mgprof.collect.region_stats import RegionStats
+from mgprof.analyze.run.regions import region_figures
+from mgprof.collect.session.region_stats import RegionStats
 from mgprof.records import RegionRecord, StepRecord
-from mgprof.report.run_markdown import escape_md
-from mgprof.report.run_regions import PER_RANK_UP_TO, regions_section
-from mgprof.report.run_terminal import render_section
+from mgprof.report.run.markdown import escape_md
+from mgprof.report.run.regions import PER_RANK_UP_TO, regions_section
+from mgprof.report.run.terminal import render_section
 
 
 def test_nested_regions_are_recorded_under_their_parent(tmp_path: Path) -> None:

@@ -422,10 +422,10 @@ BANNED_MODULES = {"pickle", "cPickle", "_pickle", "dill", "shelve", "marshal", "
 BANNED_CALLS = {"eval", "exec", "compile", "__import__"}
 BANNED_ATTRS = {("torch", "load"), ("yaml", "load"), ("numpy", "load"), ("np", "load")}
 ALLOWED: set[tuple[str, str]] = {
-    ("analyze/trace_split.py", "pickle"),
-    ("analyze/trace_split.py", "pickle.loads"),
+    ("analyze/tracefile/split.py", "pickle"),
+    ("analyze/tracefile/split.py", "pickle.loads"),
 }
-"""(file relative to mgprof/, name) pairs reviewed and allowed. trace_split unpickles only what
+"""(file relative to mgprof/, name) pairs reviewed and allowed. tracefile/split unpickles only what
 the child it forked wrote into an anonymous pipe that no other process holds: the child's own
 reducer (numbers, strings and containers built from decoded trace fields), never input bytes."""
 

@@ -16,7 +16,7 @@ from mgprof.cli import main
 from mgprof.records import RankRecord, RunRecord, StepRecord, decode_run, encode_run
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_HTML = importlib.util.find_spec("mgprof.report.html") is not None
+HAS_HTML = importlib.util.find_spec("mgprof.report.html.page") is not None
 FORMATS = ["term", "json", "md"] + (["html"] if HAS_HTML else [])
 
 
@@ -90,7 +90,7 @@ def test_html_to_the_run_dir_replaces_only_the_report(
     assert "wrote" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(HAS_HTML, reason="mgprof.report.html exists: html is a real format")
+@pytest.mark.skipif(HAS_HTML, reason="mgprof.report.html.page exists: html is a real format")
 def test_html_not_offered_without_the_html_module(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -169,9 +169,9 @@ def test_report_path_works_without_torch(tmp_path: Path) -> None:
         import argparse, sys
         sys.modules["torch"] = None
         sys.modules["pynvml"] = None
-        import mgprof.analyze.stats, mgprof.analyze.run_analysis
-        import mgprof.report.run_sections, mgprof.report.run_terminal
-        import mgprof.report.run_json, mgprof.report.run_markdown
+        import mgprof.analyze.stats, mgprof.analyze.run.analysis
+        import mgprof.report.run.sections, mgprof.report.run.terminal
+        import mgprof.report.run.as_json, mgprof.report.run.markdown
         from mgprof.commands import report
         for fmt in ("term", "json", "md"):
             args = argparse.Namespace(run_dir={str(folder)!r}, format=fmt, out=None, force=False)
@@ -196,7 +196,7 @@ def test_report_renders_a_sweep_directory(
     fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``mgprof report`` on a sweep directory (sweep.json, no run.json) renders the sweep."""
-    from mgprof.analyze.sweep import Trial, summarize
+    from mgprof.analyze.sweep.result import Trial, summarize
     from mgprof.studies.sweep import write_sweep
 
     trials = [

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from mgprof.analyze.run_analysis import analyze_run
+from mgprof.analyze.run.analysis import analyze_run
 from mgprof.records import (
     DeviceInfo,
     MemoryRecord,
@@ -19,9 +19,9 @@ from mgprof.records import (
     StepRecord,
     decode_run,
 )
-from mgprof.report.run_json import run_to_json
-from mgprof.report.run_markdown import escape_md, run_to_markdown
-from mgprof.report.run_terminal import render_run
+from mgprof.report.run.as_json import run_to_json
+from mgprof.report.run.markdown import escape_md, run_to_markdown
+from mgprof.report.run.terminal import render_run
 
 EVIL = "<img src=x onerror=alert(1)>"
 SECTIONS = (

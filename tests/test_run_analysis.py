@@ -12,7 +12,7 @@ from _data import TRACES
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mgprof.analyze.run_analysis import analyze_run, device_peak_tflops, steady_state_steps
+from mgprof.analyze.run.analysis import analyze_run, device_peak_tflops, steady_state_steps
 from mgprof.analyze.stats import mean, percentile, percentile_of_sorted, ratio_pct, spread_pct
 from mgprof.records import (
     DeviceInfo,
@@ -208,11 +208,11 @@ def test_slowest_rank_and_spread() -> None:
 def test_slowest_rank_follows_the_collectives_when_traces_matched_them() -> None:
     """One definition with ``mgprof trace``: the rank the others wait for. Mean step times of
     lock-stepped ranks differ by noise, so they only decide without matched collectives."""
-    from mgprof.analyze.run_analysis import analyze_rank, job_analysis
+    from mgprof.analyze.run.analysis import analyze_rank, job_analysis
 
     slow = steps([1.0, 30.0, 30.0, 30.0])
     run = run_of(rank(0), rank(1, steps=slow), rank(2))
-    from mgprof.analyze.run_traces import RunTraces
+    from mgprof.analyze.run.traces import RunTraces
 
     ranks = [analyze_rank(r, RunTraces()) for r in run.ranks]
     job = job_analysis(run, ranks, {"slowest_rank": 2})
@@ -446,7 +446,7 @@ def fixture_run(tmp_path: Path) -> RunRecord:
 
 
 def test_real_gloo_fixture_through_the_trace_engine(tmp_path: Path) -> None:
-    from mgprof.analyze.trace_summary import analyze_trace_file
+    from mgprof.analyze.trace.summary import analyze_trace_file
 
     run = fixture_run(tmp_path)
     a = analyze_run(run, tmp_path)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from mgprof.analyze.run_analysis import analyze_run
+from mgprof.analyze.run.analysis import analyze_run
 from mgprof.records import RankRecord, RunRecord, StepRecord
-from mgprof.report import html as html_report
+from mgprof.report.html import page as html_report
 from mgprof.run.finish import write_html_report
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from mgprof.collect.sampler import (
+from mgprof.collect.devices.sampler import (
     CpuSampler,
     NvmlSampler,
     Sampler,

@@ -11,7 +11,7 @@ import torch
 from _spawn import clean_env, profiler_steps, python_args, read_trace, run, write_script
 
 import mgprof
-from mgprof.collect.session import FINGERPRINT_STEPS, Session
+from mgprof.collect.session.session import FINGERPRINT_STEPS, Session
 from mgprof.records import RunRecord, read_run
 
 RUN_DIR_NAME = re.compile(r"\d{8}T\d{6}Z-(?P<stem>.+?)(-(?P<n>\d+))?")

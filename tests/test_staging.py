@@ -24,11 +24,11 @@ from _spawn import clean_env, python_args, run, write_script
 
 import mgprof
 from mgprof import rundir
-from mgprof.analyze.trace_job import find_trace_files
-from mgprof.collect import session as session_module
-from mgprof.collect import staging as staging_module
+from mgprof.analyze.trace.job import find_trace_files
 from mgprof.collect.failopen import MgprofWarning
-from mgprof.collect.staging import (
+from mgprof.collect.session import session as session_module
+from mgprof.collect.session import staging as staging_module
+from mgprof.collect.session.staging import (
     OUT_PREFIX,
     RESERVE_NAME,
     STAGING_PREFIX,

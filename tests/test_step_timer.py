@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import mgprof
-from mgprof.collect import session as session_mod
-from mgprof.collect import step_timer
+from mgprof.collect.session import session as session_mod
+from mgprof.collect.session import step_timer
 
 
 class FakeEvent:

@@ -11,7 +11,7 @@ import torch
 from _spawn import clean_env
 
 import mgprof
-from mgprof.collect.wrap import chosen_strategy
+from mgprof.collect.wrapping.wrap import chosen_strategy
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +100,7 @@ def test_analysis_and_records_import_without_torch(tmp_path: Path) -> None:
         "import sys\n"
         "sys.modules['torch'] = None\n"
         "sys.modules['pynvml'] = None\n"
-        "import mgprof.analyze.run_analysis, mgprof.records, mgprof.rundir\n"
+        "import mgprof.analyze.run.analysis, mgprof.records, mgprof.rundir\n"
         "import mgprof\n"
         "assert mgprof.read_run is mgprof.records.read_run\n"
         "print('torch-free ok')\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from _spawn import clean_env, python_args, run, write_script
 
-from mgprof.analyze.sweep import SweepResult, max_trials
+from mgprof.analyze.sweep.result import SweepResult, max_trials
 from mgprof.cli import main
 from mgprof.records import read_run
 from mgprof.studies.sweep import read_sweep

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from mgprof.analyze.sweep import (
+from mgprof.analyze.sweep.result import (
     SweepPlanner,
     Trial,
     fit_memory,

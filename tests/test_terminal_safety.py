@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from mgprof.analyze.run_analysis import analyze_run
-from mgprof.analyze.scaling import Comparison, NotApplicable, Row
-from mgprof.analyze.sweep import SweepResult
-from mgprof.analyze.sweep_trials import Trial
+from mgprof.analyze.compare.scaling import Comparison, NotApplicable, Row
+from mgprof.analyze.run.analysis import analyze_run
+from mgprof.analyze.sweep.result import SweepResult
+from mgprof.analyze.sweep.trials import Trial
 from mgprof.cli import main
 from mgprof.errors import UsageError
 from mgprof.records import (
@@ -42,9 +42,9 @@ from mgprof.report.compare_view import (
     render_comparison,
 )
 from mgprof.report.doctor_view import render_bandwidth, render_doctor
-from mgprof.report.run_markdown import run_to_markdown
-from mgprof.report.run_terminal import render_run
-from mgprof.report.summary_lines import summary_lines
+from mgprof.report.run.markdown import run_to_markdown
+from mgprof.report.run.summary_lines import summary_lines
+from mgprof.report.run.terminal import render_run
 from mgprof.report.sweep_view import render_sweep, sweep_to_json, sweep_to_markdown, trial_line
 from mgprof.run.finish import print_report
 
@@ -341,7 +341,7 @@ def assert_html_safe(page: str) -> None:
 
 def test_html_report_escapes_text_chart_labels_and_json(tmp_path: Path) -> None:
     pytest.importorskip("plotly")
-    from mgprof.report.html import run_to_html
+    from mgprof.report.html.page import run_to_html
 
     run = hostile_run()
     page = run_to_html(run, hostile_analysis(run, tmp_path))

@@ -18,13 +18,13 @@ import pytest
 from _data import TRACES
 from rich.console import Console
 
-from mgprof.analyze.scaling import Comparison, Row, add_speedups, verdict
-from mgprof.analyze.sweep import SweepResult
-from mgprof.analyze.sweep_trials import Trial
+from mgprof.analyze.compare.scaling import Comparison, Row, add_speedups, verdict
+from mgprof.analyze.sweep.result import SweepResult
+from mgprof.analyze.sweep.trials import Trial
 from mgprof.commands.report import build_analysis
 from mgprof.records import read_run
 from mgprof.report.compare_view import render_comparison
-from mgprof.report.run_terminal import render_run
+from mgprof.report.run.terminal import render_run
 from mgprof.report.sweep_view import render_sweep
 from mgprof.report.term_table import Col, fitted_tables
 from mgprof.report.trace_terminal import render_job
@@ -98,7 +98,7 @@ def test_gpu_run_report() -> None:
     "folder", ["gpu-nccl-a100-rank0of2", "cpu-gloo-ddp-mlp-2ranks", "gpu-v100-single"]
 )
 def test_trace_report(folder: str) -> None:
-    from mgprof.analyze.trace_job import analyze_job, find_trace_files
+    from mgprof.analyze.trace.job import analyze_job, find_trace_files
 
     (files,) = find_trace_files([FIXTURES / folder]).values()
     job = analyze_job(files, workers=1)
@@ -110,7 +110,7 @@ def test_trace_report_under_a_long_path(tmp_path: Path) -> None:
     name whole (it was cut with ``…`` at 80 columns)."""
     import shutil
 
-    from mgprof.analyze.trace_job import analyze_job, find_trace_files
+    from mgprof.analyze.trace.job import analyze_job, find_trace_files
 
     deep = tmp_path / "experiments-2026-12-01" / ("run-with-a-long-descriptive-name-" * 3)
     shutil.copytree(FIXTURES / "cpu-gloo-ddp-mlp-2ranks", deep / "traces")

@@ -25,7 +25,7 @@ import pytest
 from _data import TRACES
 
 from mgprof import atomic
-from mgprof.analyze.timeline import (
+from mgprof.analyze.timeline.build import (
     DEFAULT_NAME,
     build_timeline,
     find_inputs,
@@ -33,7 +33,7 @@ from mgprof.analyze.timeline import (
     read_timeline_facts,
     summary_lines,
 )
-from mgprof.analyze.timeline_clock import Anchor, estimate_offset
+from mgprof.analyze.timeline.clock import Anchor, estimate_offset
 from mgprof.cli import main
 from mgprof.errors import UsageError
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from _data import TRACES
 
-from mgprof.analyze import trace_cache
-from mgprof.analyze.executor import ProcessExecutor
-from mgprof.analyze.trace_cache import TraceCache, default_cache, file_stamp
-from mgprof.analyze.trace_job import analyze_job, find_trace_files
+from mgprof.analyze.execution import cache as trace_cache
+from mgprof.analyze.execution.cache import TraceCache, default_cache, file_stamp
+from mgprof.analyze.execution.executor import ProcessExecutor
+from mgprof.analyze.trace.job import analyze_job, find_trace_files
 from mgprof.commands.trace import _dumps
 from mgprof.errors import TraceError
 from mgprof.report.trace_terminal import jobs_to_json

@@ -22,8 +22,8 @@ import pytest
 from _data import TRACES
 
 import mgprof.analyze.intervals as iv
-from mgprof.analyze.trace_load import load_trace
-from mgprof.analyze.trace_summary import analyze_trace_file
+from mgprof.analyze.trace.summary import analyze_trace_file
+from mgprof.analyze.tracefile.load import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = TRACES / "cpu-gloo-ddp-mlp-2ranks"
@@ -205,7 +205,7 @@ def test_per_step_figures_reuse_the_merged_intervals(
         return real_merge(starts, ends)
 
     monkeypatch.setattr(iv, "merge", counting)
-    monkeypatch.setattr("mgprof.analyze.trace_summary.load_trace", lambda _p, _n=1: rt)
+    monkeypatch.setattr("mgprof.analyze.trace.summary.load_trace", lambda _p, _n=1: rt)
     summary = analyze_trace_file(path)
     assert len(summary.steps) == 60
     assert merged < 10 * rt.n_events, (merged, rt.n_events)
@@ -247,7 +247,7 @@ def test_json_rendering_loads_no_rich() -> None:
     """``mgprof trace --json`` draws no table: rendering the JSON needs no rich."""
     out = _run(
         "import sys, mgprof.report.trace_terminal as t; "
-        "from mgprof.analyze.trace_summary import JobTraceSummary; "
+        "from mgprof.analyze.trace.job import JobTraceSummary; "
         "print(sorted(m for m in sys.modules if m == 'rich' or m.startswith('rich.')))"
     )
     assert out == "[]"
@@ -259,7 +259,7 @@ def test_gpu_trace_analysis_loads_no_numpy_ma() -> None:
     gpu = TRACES / "gpu-nccl-a100-rank0of2"
     out = _run(
         "import sys\n"
-        "from mgprof.analyze.trace_summary import analyze_trace_file\n"
+        "from mgprof.analyze.trace.summary import analyze_trace_file\n"
         f"s = analyze_trace_file({str(sorted(gpu.glob('*.json.gz'))[0])!r})\n"
         "print(s.launch_delay is not None, 'numpy.ma' in sys.modules)\n"
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from _data import TRACES, need
 
-from mgprof.analyze.trace_summary import analyze_trace_file
+from mgprof.analyze.trace.summary import analyze_trace_file
 
 FILES = sorted(TRACES.glob("*/*.json*"))
 

@@ -11,7 +11,7 @@ from _data import TRACES, need
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mgprof.analyze.trace_summary import analyze_trace_file
+from mgprof.analyze.trace.summary import analyze_trace_file
 from mgprof.errors import TraceError
 
 SMALL = TRACES / "amd-mi250" / "rank-0.json.gz"

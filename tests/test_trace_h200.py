@@ -11,10 +11,10 @@ import pytest
 from _data import GPU as GPU_DATA
 from _data import TRACES, need
 
-from mgprof.analyze import trace_load
-from mgprof.analyze.kernels import classify_kernel
-from mgprof.analyze.trace_load import FLOPS_ESTIMATED, estimate_flops, load_trace
-from mgprof.analyze.trace_summary import analyze_trace_file
+from mgprof.analyze.trace.kernels import classify_kernel
+from mgprof.analyze.trace.summary import analyze_trace_file
+from mgprof.analyze.tracefile import stream as trace_stream
+from mgprof.analyze.tracefile.load import FLOPS_ESTIMATED, estimate_flops, load_trace
 
 GPU = GPU_DATA / "traces"
 BF16 = need(GPU / "bf16-mlp", "*.json.gz")
@@ -128,14 +128,14 @@ def test_nested_ops_count_once(tmp_path: Path) -> None:
 def test_chunked_decode_matches_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """Decoding traceEvents in small slices gives the same result as one whole decode."""
     whole = msgspec.to_builtins(analyze_trace_file(BF16))
-    monkeypatch.setattr(trace_load, "_CHUNK_BYTES", 997)
+    monkeypatch.setattr(trace_stream, "_CHUNK_BYTES", 997)
     sliced = msgspec.to_builtins(analyze_trace_file(BF16))
     assert sliced == whole
 
 
 def test_cut_inside_string_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A '}, {' inside a name is not an event boundary; the loader must still read the trace."""
-    monkeypatch.setattr(trace_load, "_CHUNK_BYTES", 1)
+    monkeypatch.setattr(trace_stream, "_CHUNK_BYTES", 1)
     events = [
         {"ph": "X", "cat": "kernel", "name": "k}, {x", "ts": 1e15 + i, "dur": 0.5, "tid": 7}
         for i in range(5)

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from _data import GPU, TRACES, need
 
-from mgprof.analyze import operators as ops_mod
-from mgprof.analyze.kernels import KERNELS_LIMIT
-from mgprof.analyze.rank_trace import HostOps
-from mgprof.analyze.trace_load import load_trace
-from mgprof.analyze.trace_summary import analyze_trace_file
+from mgprof.analyze.trace import operators as ops_mod
+from mgprof.analyze.trace.kernels import KERNELS_LIMIT
+from mgprof.analyze.trace.summary import analyze_trace_file
+from mgprof.analyze.tracefile.load import load_trace
+from mgprof.analyze.tracefile.rank_trace import HostOps
 from mgprof.report.trace_terminal import _rank_json
 
 FIXTURES = TRACES
@@ -412,7 +412,7 @@ def test_kernel_entries_carry_the_kernels_view_keys() -> None:
 def test_kernels_list_is_bounded_with_its_remainder() -> None:
     s = analyze_trace_file(A100, top=2)
     rt = load_trace(A100)
-    from mgprof.analyze.kernels import kernel_table
+    from mgprof.analyze.trace.kernels import kernel_table
 
     few, _, dropped = kernel_table(rt, 5)
     assert len(few) == 5 and dropped.names == len(s.kernels) - 5

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _data import PEERS, TRACES
 
-from mgprof.analyze.trace_summary import analyze_trace_file
+from mgprof.analyze.trace.summary import analyze_trace_file
 
 
 def _collectives(path: Path) -> dict[str, tuple[int, float, int | None]]:
@@ -45,7 +45,7 @@ def test_gloo_collectives_in_a_trace_with_device_kernels(
 
 
 def test_gloo_collectives_are_seen_across_ranks_with_device_kernels() -> None:
-    from mgprof.analyze.trace_summary import analyze_job
+    from mgprof.analyze.trace.job import analyze_job
 
     folder = PEERS / "tb-test_distributed_gloo_gpu"
     job = analyze_job(sorted(folder.glob("*.json")), workers=1)

@@ -15,11 +15,11 @@ import msgspec
 import pytest
 from _data import TRACES
 
-from mgprof.analyze import trace_split
-from mgprof.analyze.reducer_merge import MERGED_ATTRIBUTES
-from mgprof.analyze.trace_load import load_trace
-from mgprof.analyze.trace_reduce import _Reducer
-from mgprof.analyze.trace_summary import analyze_trace_file
+from mgprof.analyze.trace.summary import analyze_trace_file
+from mgprof.analyze.tracefile import split as trace_split
+from mgprof.analyze.tracefile.load import load_trace
+from mgprof.analyze.tracefile.merge import MERGED_ATTRIBUTES
+from mgprof.analyze.tracefile.reduce import _Reducer
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
@@ -220,9 +220,9 @@ def test_a_job_of_one_rank_with_spare_processes_splits_it(
 ) -> None:
     """``mgprof trace FILE`` (one rank, every core allowed) reads it with two processes;
     ``--workers 1`` or a job of several ranks (each process has a rank) does not."""
-    from mgprof.analyze import reducer_merge
-    from mgprof.analyze.executor import ProcessExecutor
-    from mgprof.analyze.trace_job import analyze_job
+    from mgprof.analyze.execution.executor import ProcessExecutor
+    from mgprof.analyze.trace.job import analyze_job
+    from mgprof.analyze.tracefile import merge as reducer_merge
 
     joined = []
     real = reducer_merge.absorb

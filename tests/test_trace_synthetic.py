@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from _trace_events import ev
 
-from mgprof.analyze.comm import busbw_factor, collective_type
 from mgprof.analyze.intervals import as_array, covered_within, intersect, union_length
-from mgprof.analyze.kernels import classify_kernel
-from mgprof.analyze.trace_summary import analyze_job, analyze_trace_file
+from mgprof.analyze.trace.comm import busbw_factor, collective_type
+from mgprof.analyze.trace.job import analyze_job
+from mgprof.analyze.trace.kernels import classify_kernel
+from mgprof.analyze.trace.summary import analyze_trace_file
 from mgprof.errors import TraceError
 
 

@@ -11,9 +11,9 @@ from typing import Any, TypeVar, overload
 from torch.profiler import record_function
 
 from mgprof.collect import failopen
-from mgprof.collect.memory_history import wall_us
-from mgprof.collect.session import Session, active_session, lazy_session
-from mgprof.collect.steps import NULL_STEP
+from mgprof.collect.devices.memory_history import wall_us
+from mgprof.collect.session.session import Session, active_session, lazy_session
+from mgprof.collect.session.steps import NULL_STEP
 
 F = TypeVar("F", bound=Callable[..., Any])
 

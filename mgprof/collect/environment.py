@@ -15,12 +15,12 @@ from itertools import combinations
 from typing import Any
 
 from mgprof import __version__
-from mgprof.collect.device_map import (
+from mgprof.collect.devices.device_map import (
     DeviceMapError,
     cuda_device_identity,
     resolve_nvml_device,
 )
-from mgprof.collect.nvml import FALLBACK_HINT, NvmlSession
+from mgprof.collect.devices.nvml import FALLBACK_HINT, NvmlSession
 
 __all__ = ["collect_environment", "fallbacks", "versions"]
 

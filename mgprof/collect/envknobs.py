@@ -16,7 +16,7 @@ default: on 2 CPU ranks the norms (and mgprof's comm hook) cost 3-16 % of a DDP 
 
 PRECISION_ENV = "MGPROF_PRECISION"
 """``fp32``, ``bf16`` or ``fp16`` (``--precision``): the trained module's forward runs under that
-autocast setting and the loss is recorded (``mgprof.collect.precision``)."""
+autocast setting and the loss is recorded (``mgprof.collect.wrapping.precision``)."""
 PRECISIONS = ("fp32", "bf16", "fp16", "script")
 """``script``: the script's own setting, with its loss recorded (a precision comparison's
 baseline when the script brings its own autocast or GradScaler)."""

@@ -140,7 +140,7 @@ session to route to): warned once per part like a session's."""
 
 def current() -> FailOpen:
     """The running session's ``FailOpen`` (its notes reach the record), else the process's."""
-    session_module = sys.modules.get("mgprof.collect.session")
+    session_module = sys.modules.get("mgprof.collect.session.session")
     try:
         session = session_module.active_session() if session_module is not None else None
     except Exception:

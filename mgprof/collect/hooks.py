@@ -213,11 +213,24 @@ def collective_timeout() -> datetime.timedelta | None:
     return datetime.timedelta(seconds=seconds) if 0 < seconds < 1e9 else None
 
 
+_pg_by_mgprof = False
+
+
+def mark_process_group_by_mgprof() -> None:
+    """Auto-wrap made the default process group (before the script's own call)."""
+    global _pg_by_mgprof
+    _pg_by_mgprof = True
+
+
+def process_group_by_mgprof() -> bool:
+    """Whether auto-wrap initialised the default process group (a later ``init_process_group``
+    by the script is then answered by the group that exists)."""
+    return _pg_by_mgprof
+
+
 def _init_process_group(*args: Any, **kwargs: Any) -> Any:
     """``init_process_group`` with the launcher's timeout unless the script chose one."""
     try:
-        from mgprof.collect.autowrap import process_group_by_mgprof
-
         if process_group_by_mgprof() and torch.distributed.is_initialized():
             return None  # auto-wrap made the group from the same torchrun environment: reuse it
         if "timeout" not in kwargs and len(args) < 3:  # (backend, init_method, timeout, ...)

@@ -3,7 +3,7 @@ path, and ``mgprof.noise_scale()`` for the running figure.
 
 Under DDP the comm hook mgprof installs on a model it built (``mgprof.wrap``, auto-wrap) sees
 each gradient bucket twice: as this rank's own gradient before the all-reduce and as the average
-after it. Their fp32 norms are all the noise scale needs (``mgprof.analyze.noise_scale`` has the
+after it. Their fp32 norms are all the noise scale needs (``mgprof.analyze.run.noise_scale`` has the
 estimators). They stay on the device as 0-dim tensors; the host reads them in batches of
 ``RESOLVE_EVERY`` steps, at the end of the session, or when ``noise_scale()`` is asked, so the
 training loop gains no synchronisation per bucket or per step.
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from mgprof.analyze.noise_scale import Ema, estimate_pair
+from mgprof.analyze.run.noise_scale import Ema, estimate_pair
 from mgprof.collect.batchinfo import batch_size_of
 from mgprof.collect.envknobs import NOISE_SCALE_ENV, noise_scale_enabled
 from mgprof.collect.failopen import report

@@ -1,7 +1,7 @@
 """``mgprof diff BASE NEW``: did a change make training slower, by how much, how sure, and why.
 
 Exit codes: 0 (no ``--fail-on`` limit failed), 1 (a limit failed, or could not be checked), 2 (bad
-input). The logic is in ``mgprof.analyze.diff``; this module parses arguments and prints.
+input). The logic is in ``mgprof.analyze.diff.changes``; this module parses arguments and prints.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mgprof.analyze.diff import diff_sides, parse_fail_on
-    from mgprof.analyze.diff_load import load_sides
+    from mgprof.analyze.diff.changes import diff_sides, parse_fail_on
+    from mgprof.analyze.diff.load import load_sides
     from mgprof.commands.trace import engine_env, trace_size_override, write_out
     from mgprof.report.diff_view import diff_to_html, diff_to_json, diff_to_markdown, render_diff
     from mgprof.safe_read import check_out_path

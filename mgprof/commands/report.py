@@ -30,9 +30,9 @@ T = TypeVar("T")
 def _html_renderer() -> Renderer | None:
     """``run_to_html`` when the HTML report module is part of this build, else None."""
     try:
-        module = importlib.import_module("mgprof.report.html")
+        module = importlib.import_module("mgprof.report.html.page")
     except ModuleNotFoundError as exc:
-        if exc.name == "mgprof.report.html":
+        if exc.name == "mgprof.report.html.page":
             return None
         raise
     render = getattr(module, "run_to_html", None)
@@ -40,8 +40,8 @@ def _html_renderer() -> Renderer | None:
 
 
 def _text_renderers() -> dict[str, Renderer]:
-    from mgprof.report.run_json import run_to_json
-    from mgprof.report.run_markdown import run_to_markdown
+    from mgprof.report.run.as_json import run_to_json
+    from mgprof.report.run.markdown import run_to_markdown
 
     renderers: dict[str, Renderer] = {"json": run_to_json, "md": run_to_markdown}
     html = _html_renderer()
@@ -80,7 +80,7 @@ def build_analysis(run: Any, run_dir: Path) -> dict[str, Any]:
     Findings are evaluated again so a saved run gets the current rule set, never stale advice.
     """
     from mgprof.analyze.findings import evaluate_findings
-    from mgprof.analyze.run_analysis import analyze_run
+    from mgprof.analyze.run.analysis import analyze_run
 
     analysis = {**(run.analysis or {}), **analyze_run(run, run_dir)}
     analysis["findings"] = evaluate_findings(run, analysis)
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "term":
         from rich.console import Console
 
-        from mgprof.report.run_terminal import render_run
+        from mgprof.report.run.terminal import render_run
 
         render_run(run_record, analysis, Console(), definitions=getattr(args, "definitions", False))
         return 0
@@ -202,7 +202,7 @@ def _is_comparison(path: Path) -> bool:
 
 
 def _render_comparison(path: Path, fmt: str, out: Path | None, force: bool) -> int:
-    from mgprof.analyze.scaling import read_comparison
+    from mgprof.analyze.compare.scaling import read_comparison
     from mgprof.report import compare_view
     from mgprof.safe_read import check_out_path
 

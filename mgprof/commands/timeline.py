@@ -52,7 +52,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mgprof.analyze.timeline import (
+    from mgprof.analyze.timeline.build import (
         build_timeline,
         check_min_dur,
         choose_out,

@@ -63,8 +63,8 @@ def engine_env(args: argparse.Namespace) -> Iterator[None]:
     """``--dask`` and ``--no-cache`` as the environment the analysis reads
     (``MGPROF_DASK_SCHEDULER``, ``MGPROF_NO_CACHE``), for commands whose analysis runs deep
     below them (``mgprof report``); the previous values are restored after."""
-    from mgprof.analyze.executor import DASK_ENV
-    from mgprof.analyze.trace_cache import NO_CACHE_ENV
+    from mgprof.analyze.execution.cache import NO_CACHE_ENV
+    from mgprof.analyze.execution.executor import DASK_ENV
 
     wanted = {DASK_ENV: getattr(args, "dask", None) or None}
     if getattr(args, "no_cache", False):
@@ -110,7 +110,7 @@ def trace_size_override(nbytes: int | None) -> Iterator[None]:
     """Set ``MGPROF_MAX_TRACE_BYTES`` (read by the loader, inherited by worker processes) for
     the duration of a command; the previous value is restored after. A bad value already set
     in the environment is reported here, in one line, before any work."""
-    from mgprof.analyze.trace_load import MAX_TRACE_ENV, trace_size_limit
+    from mgprof.analyze.tracefile.load import MAX_TRACE_ENV, trace_size_limit
 
     if nbytes is None:
         trace_size_limit()
@@ -141,7 +141,7 @@ def write_out(out: Path, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imports here keep `mgprof --help` fast and free of numpy.
-    from mgprof.analyze.trace_summary import find_trace_files
+    from mgprof.analyze.trace.job import find_trace_files
     from mgprof.report.trace_terminal import jobs_to_json, render_job
     from mgprof.safe_read import check_out_path
 
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     if baseline is not None:
         import msgspec
 
-        from mgprof.analyze.bandwidth import against_baseline
+        from mgprof.analyze.trace.bandwidth import against_baseline
 
         for job in jobs:
             for rank in job.ranks:
@@ -193,8 +193,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _analyze(groups: dict[str, list[Path]], args: argparse.Namespace) -> list[Any]:
     """Every folder's job, on one executor (one connection to a Dask cluster for them all)."""
-    from mgprof.analyze.executor import make_executor
-    from mgprof.analyze.trace_summary import analyze_job
+    from mgprof.analyze.execution.executor import make_executor
+    from mgprof.analyze.trace.job import analyze_job
 
     progress = None
     if sys.stdout.isatty() and sys.stderr.isatty():  # rich only where a line can be drawn

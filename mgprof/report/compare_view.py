@@ -11,7 +11,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from mgprof.analyze.scaling import Comparison, Row, encode_comparison
+from mgprof.analyze.compare.scaling import Comparison, Row, encode_comparison
 from mgprof.report.safe_text import json_text, md_link, md_text, rich_text
 from mgprof.report.term_table import Col, print_fitted
 

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from mgprof.report.section_model import Section, Table
+from mgprof.report.run.section_model import Section, Table
 
 _TOP_COMPONENTS = 15
 
@@ -225,7 +225,7 @@ def diff_sections(diff: Mapping[str, Any]) -> list[Section]:
 
 
 def render_diff(diff: Mapping[str, Any], console: Console) -> None:
-    from mgprof.report.run_terminal import render_section
+    from mgprof.report.run.terminal import render_section
     from mgprof.report.safe_text import rich_text
 
     verdict = diff.get("verdict")
@@ -237,7 +237,7 @@ def render_diff(diff: Mapping[str, Any], console: Console) -> None:
 
 
 def diff_to_markdown(diff: Mapping[str, Any]) -> str:
-    from mgprof.report.run_markdown import escape_md, section_markdown
+    from mgprof.report.run.markdown import escape_md, section_markdown
 
     base, new = diff.get("base") or {}, diff.get("new") or {}
     lines = [
@@ -250,7 +250,7 @@ def diff_to_markdown(diff: Mapping[str, Any]) -> str:
 
 
 def diff_to_json(diff: Mapping[str, Any]) -> str:
-    from mgprof.analyze.diff import finite_or_none
+    from mgprof.analyze.diff.changes import finite_or_none
 
     return json.dumps(finite_or_none(dict(diff)), indent=2, ensure_ascii=False) + "\n"
 
@@ -286,10 +286,10 @@ def _steps_chart(diff: Mapping[str, Any]) -> dict[str, Any]:
 def diff_to_html(diff: Mapping[str, Any]) -> str:
     """One offline page: the sections, then a box plot of both runs' step times (plotly,
     inlined like report.html's)."""
-    from mgprof.report.html import CSP, plotly_js
-    from mgprof.report.html_assets import CSS
-    from mgprof.report.html_sections import section_html
-    from mgprof.report.html_text import esc, json_for_script
+    from mgprof.report.html.assets import CSS
+    from mgprof.report.html.page import CSP, plotly_js
+    from mgprof.report.html.sections import section_html
+    from mgprof.report.html.text import esc, json_for_script
 
     script_js = plotly_js()
     base, new = diff.get("base") or {}, diff.get("new") or {}

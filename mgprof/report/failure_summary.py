@@ -25,7 +25,7 @@ import msgspec
 
 from mgprof.analyze.readers import rank_dicts as _ranks
 from mgprof.records import RankExit, RunRecord
-from mgprof.report.run_sections import Section, Table, build_sections
+from mgprof.report.run.sections import Section, Table, build_sections
 
 FULL_REPORT_MIN_STEPS = 3
 TRACEBACK_LINES = 12

@@ -42,7 +42,7 @@ class ReportFiles(NamedTuple):
 
 def analyze_with_findings(run: RunRecord, run_dir: Path | None) -> dict[str, Any]:
     """The run's figures (``analyze_run``) with its findings under ``"findings"``."""
-    from mgprof.analyze.run_analysis import analyze_run
+    from mgprof.analyze.run.analysis import analyze_run
 
     analysis = dict(analyze_run(run, run_dir))
     try:
@@ -61,7 +61,7 @@ def write_report_files(run_dir: Path, run: RunRecord) -> ReportFiles:
     else that goes wrong raises, for the caller to decide (the launcher reports it, the in-code
     API turns it into one warning).
     """
-    from mgprof.report.run_markdown import run_to_markdown
+    from mgprof.report.run.markdown import run_to_markdown
 
     analysis = analyze_with_findings(run, run_dir)
     run = msgspec.structs.replace(run, analysis=analysis)
@@ -77,7 +77,7 @@ def write_html_report(run_dir: Path, run: RunRecord, analysis: dict[str, Any]) -
     """report.html beside run.json; skipped (None) when plotly is missing, since the HTML report
     is optional and the run itself must not fail for it."""
     try:
-        from mgprof.report.html import run_to_html
+        from mgprof.report.html.page import run_to_html
 
         html = run_to_html(run, analysis)
     except ImportError:  # HtmlDependencyMissing is an ImportError too

@@ -1,6 +1,6 @@
 """Rendering of a batch-size sweep (``sweep.json``): rich terminal, Markdown and JSON.
 
-Renderers only: the figures come from ``mgprof.analyze.sweep.summarize``. Cells are
+Renderers only: the figures come from ``mgprof.analyze.sweep.result.summarize``. Cells are
 ``rich.text.Text`` so a script name or error text prints as itself, never as markup; every string
 goes through ``safe_text`` (control characters escaped, Markdown and HTML characters escaped in
 the Markdown form).
@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from mgprof.analyze.noise_scale import SweepNoiseScale, pooled_steps_note
-from mgprof.analyze.sweep import SweepResult, Trial
+from mgprof.analyze.run.noise_scale import SweepNoiseScale, pooled_steps_note
+from mgprof.analyze.sweep.result import SweepResult, Trial
 from mgprof.report.safe_text import json_text, md_text, printable, rich_text
 from mgprof.report.term_table import Col, print_fitted
 from mgprof.report.term_title import rule_with_path

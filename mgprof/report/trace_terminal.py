@@ -1,6 +1,6 @@
 """Render a :class:`JobTraceSummary`: a rich terminal summary, or the ``--json`` document.
 
-Rendering only: every number comes from :mod:`mgprof.analyze.trace_summary`; a figure that does
+Rendering only: every number comes from :mod:`mgprof.analyze.trace.summary`; a figure that does
 not apply is printed as "n/a" and its reason is listed under the tables. Names from the trace
 (kernels, ops, collective types, paths, notes) enter rich as ``Text`` through ``safe_text``:
 never markup (``[/x]`` would raise, ``[link=...]`` would plant a hyperlink), no control
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from mgprof.analyze.trace_summary import JobTraceSummary, RankTraceSummary, TraceTotals
+from mgprof.analyze.trace.job import JobTraceSummary
+from mgprof.analyze.trace.summary import RankTraceSummary, TraceTotals
 from mgprof.report.safe_text import rich_text
 
 if TYPE_CHECKING:

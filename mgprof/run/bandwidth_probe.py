@@ -76,7 +76,7 @@ def measure(sizes: list[int], iters: int, warmup: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from mgprof.analyze.comm import busbw_factor
+    from mgprof.analyze.trace.comm import busbw_factor
 
     cuda = torch.cuda.is_available()
     if cuda:

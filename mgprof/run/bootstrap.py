@@ -10,7 +10,8 @@ hooks, then runs SCRIPT as ``__main__``:
   (see ``mgprof.collect.hooks``);
 - after ``MGPROF_WARMUP + MGPROF_STEPS`` steps the session ends and the script is stopped;
 - under ``mgprof compare`` (``MGPROF_COMPARE=1``) the step limit also ends a script's own
-  session, and with ``MGPROF_NOSYNC_STEPS=M`` the gradient-sync A/B (``mgprof.collect.nosync``)
+  session, and with ``MGPROF_NOSYNC_STEPS=M`` the gradient-sync A/B
+  (``mgprof.collect.wrapping.nosync``)
   runs 2M more steps before the script is stopped.
 
 A script that opens its own ``mgprof.profile``/``profile_step`` session is not instrumented
@@ -81,7 +82,7 @@ class AutoInstrument:
 
     def _ensure_session(self) -> tuple[Any, bool]:
         """The automatic session (created at the first update) and whether it is new."""
-        from mgprof.collect.session import Session, active_session, explicit_session_started
+        from mgprof.collect.session.session import Session, active_session, explicit_session_started
 
         if explicit_session_started():
             return None, False
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # fail open: the script runs as it is, and the report says so
         print(f"mgprof: auto-wrap disabled: {type(exc).__name__}: {exc}", file=sys.stderr)
     try:
-        from mgprof.collect import loader_batch
+        from mgprof.collect.wrapping import loader_batch
 
         loader_batch.install()
     except Exception as exc:  # fail open: the trial's observed batch shows what happened
@@ -258,7 +259,7 @@ def _mark_finished() -> None:
     """``<run>/.finished/rank<N>``: this rank's script returned and its record is written, so a
     crash after this point (interpreter teardown) is not the training's (``run.finalize``)."""
     try:
-        from mgprof.collect.progress import PROGRESS_ENV
+        from mgprof.collect.session.progress import PROGRESS_ENV
         from mgprof.rundir import RUN_DIR_ENV, mark_finished
 
         run_dir = os.environ.get(RUN_DIR_ENV)
@@ -273,7 +274,7 @@ def _release_autowrap_group() -> None:
     over it): the script never destroys a group it did not make, and a gloo group still alive at
     interpreter exit can abort the rank ("terminate called without an active exception")."""
     try:
-        from mgprof.collect.autowrap import process_group_by_mgprof
+        from mgprof.collect.hooks import process_group_by_mgprof
 
         if not process_group_by_mgprof():
             return
@@ -307,8 +308,8 @@ def _flush_rank_log() -> None:
 
 def _install_precision(auto: AutoInstrument) -> Any:
     """``--precision``: seed the run (``mgprof compare``), then start the control
-    (``mgprof.collect.precision``); None when no precision was asked for."""
-    from mgprof.collect import precision
+    (``mgprof.collect.wrapping.precision``); None when no precision was asked for."""
+    from mgprof.collect.wrapping import precision
 
     precision.seed_from_env()
     control = precision.install()
@@ -319,9 +320,9 @@ def _install_precision(auto: AutoInstrument) -> Any:
 
 def _install_autowrap(precision: Any = None) -> Any:
     """Under dp/ddp, watch for the trained model so a script that does not wrap it still
-    synchronises its gradients (``mgprof.collect.autowrap``); under ``--precision``, watch
+    synchronises its gradients (``mgprof.collect.wrapping.autowrap``); under ``--precision``, watch
     for it under every strategy. None when there is nothing to watch for."""
-    from mgprof.collect.autowrap import AutoWrap, enabled
+    from mgprof.collect.wrapping.autowrap import AutoWrap, enabled
 
     strategy = os.environ.get("MGPROF_STRATEGY") or "single"
     wrap = strategy in ("ddp", "dp") and enabled()
@@ -349,7 +350,7 @@ def _nosync_ab() -> Any:
     if not steps or steps < 1:
         return None
     from mgprof import rundir
-    from mgprof.collect.nosync import NoSyncAB
+    from mgprof.collect.wrapping.nosync import NoSyncAB
 
     run_dir = os.environ.get(rundir.RUN_DIR_ENV)
     return NoSyncAB(steps, Path(run_dir) if run_dir else None)
@@ -362,7 +363,7 @@ def _pause_explicit() -> None:
     its later steps and regions are no-ops and it is closed (and delivered) when the script is
     stopped.
     """
-    from mgprof.collect.session import active_session
+    from mgprof.collect.session.session import active_session
 
     current = active_session()
     if current is not None and not current.auto:
@@ -371,7 +372,7 @@ def _pause_explicit() -> None:
 
 def _finish_explicit(error: str | None) -> None:
     """A script's own session still open when it fails: close it with the error noted."""
-    from mgprof.collect.session import active_session
+    from mgprof.collect.session.session import active_session
 
     current = active_session()
     if current is not None and not current.auto:

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from mgprof import rundir
-from mgprof.collect.staging import recover_staged
+from mgprof.collect.session.staging import recover_staged
 from mgprof.errors import UsageError
 from mgprof.records import RankExit, RunRecord, read_run
 from mgprof.report.failure_summary import (
@@ -51,7 +51,7 @@ def finalize(
     ``interrupted`` names what stopped the launcher (``Ctrl-C``, ``SIGTERM``...), None when the
     script ended by itself. The run's exit code is the script's own: the first failing rank's
     under torchrun (which itself only says 1), the process's otherwise. Traces a dead rank left
-    in its staging folder are recovered first (``mgprof.collect.staging``).
+    in its staging folder are recovered first (``mgprof.collect.session.staging``).
 
     In a multi-node job the ranks send their records to rank 0, which may live on any node
     (c10d rendezvous assigns ranks by arrival): a node without rank 0 expects an empty run here,
@@ -131,7 +131,7 @@ def write_timeline(run_dir: Path, run: RunRecord) -> None:
     if not any(r.traces for r in run.ranks):
         return
     try:
-        from mgprof.analyze.timeline import write_run_timeline
+        from mgprof.analyze.timeline.build import write_run_timeline
 
         done = write_run_timeline(run_dir)
     except Exception as exc:  # fail open: MemoryError, OSError, a bad trace, a bug

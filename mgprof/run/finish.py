@@ -39,18 +39,18 @@ def print_report(
     """Render to stdout in the chosen format; the terminal form ends with where files are (and
     the figure definitions only with ``definitions``)."""
     if fmt == "json":
-        from mgprof.report.run_json import run_to_json
+        from mgprof.report.run.as_json import run_to_json
 
         sys.stdout.write(run_to_json(run, analysis))
         return
     if fmt == "md":
-        from mgprof.report.run_markdown import run_to_markdown
+        from mgprof.report.run.markdown import run_to_markdown
 
         sys.stdout.write(run_to_markdown(run, analysis))
         return
     from rich.console import Console
 
-    from mgprof.report.run_terminal import render_run
+    from mgprof.report.run.terminal import render_run
     from mgprof.report.safe_text import rich_text
 
     console = Console()

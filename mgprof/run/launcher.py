@@ -26,7 +26,7 @@ from mgprof.collect.envknobs import (
     PRECISIONS,
     SEED_ENV,
 )
-from mgprof.collect.progress import PROGRESS_ENV, read_progress
+from mgprof.collect.session.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
 from mgprof.run import entry
@@ -52,7 +52,8 @@ from mgprof.run.process_tree import (
 STRATEGIES = ("single", "dp", "ddp")
 STDERR_TAIL_LINES = 40
 AUTO_WRAP_ENV = "MGPROF_AUTO_WRAP"
-"""Mirrors ``mgprof.collect.autowrap.AUTO_WRAP_ENV`` (the launcher does not import torch)."""
+"""Mirrors ``mgprof.collect.wrapping.autowrap.AUTO_WRAP_ENV`` (the launcher does not import
+torch)."""
 COLLECTIVE_TIMEOUT_ENV = "MGPROF_COLLECTIVE_TIMEOUT_S"
 """Seconds a collective may wait for its peers before the process group raises (workers'
 ``init_process_group`` timeout), so a rank stuck in a collective ends the run instead of hanging."""

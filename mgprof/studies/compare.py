@@ -5,7 +5,7 @@ would replace ``mgprof.compare`` with the module as soon as it is imported.)
 
 Each strategy runs through the normal launcher with the same warm-up and measured steps, so each
 leaves a complete run directory; they sit inside one comparison directory whose
-``comparison.json`` holds the table (``mgprof.analyze.scaling``), links to the runs and the
+``comparison.json`` holds the table (``mgprof.analyze.compare.scaling``), links to the runs and the
 verdict. Weak scaling (per-device batch fixed) is the default; ``global_batch=True`` keeps the
 global batch fixed instead. The batch reaches the script through ``MGPROF_BATCH_SIZE``
 (``mgprof.batch_size(default)``).
@@ -21,14 +21,14 @@ from typing import Any, Literal
 import msgspec
 
 from mgprof import rundir
-from mgprof.analyze.precision_rows import (
+from mgprof.analyze.compare.precision_rows import (
     LossSeries,
     compare_precisions,
     comparison_verdict,
     fill_precision_figures,
     run_losses,
 )
-from mgprof.analyze.scaling import (
+from mgprof.analyze.compare.scaling import (
     COMPARISON_JSON,
     Comparison,
     NotApplicable,
@@ -164,7 +164,7 @@ def compare(
     (strong scaling); None leaves the script's own batch. ``nosync_steps``: steps each with and
     without gradient sync in the DDP A/B (0 turns it off). ``precisions``: each strategy runs
     once per precision (``--precision fp32,bf16``), seeded alike, and each precision row is
-    compared with its strategy's baseline row (``mgprof.analyze.precision_rows``). Raises
+    compared with its strategy's baseline row (``mgprof.analyze.compare.precision_rows``). Raises
     UsageError on bad input before anything runs.
     """
     script_path = Path(script)
@@ -270,7 +270,7 @@ def _against_attainable(comp: Comparison, comp_dir: Path, gpus: int) -> None:
     """Measure this machine's bus bandwidth at the DDP row's message sizes (the bandwidth
     probe, right after the row) and give the row's busbw as a share of it. A probe that fails
     leaves a note, never a failed comparison."""
-    from mgprof.analyze.bandwidth import against_baseline
+    from mgprof.analyze.trace.bandwidth import against_baseline
     from mgprof.records import read_run
 
     row = next((r for r in comp.rows if r.strategy == "ddp"), None)
@@ -353,7 +353,7 @@ def _run_one(
 ) -> tuple[Row, dict[str, Any]]:
     """Launch one strategy (at one precision) into the comparison directory, analyse it, make
     its row; the row and the run's analysis."""
-    from mgprof.collect.nosync import read_result
+    from mgprof.collect.wrapping.nosync import read_result
     from mgprof.run.finish import finish_run
     from mgprof.run.launcher import LaunchConfig, launch
 

@@ -4,7 +4,7 @@ throughput sweet spot under a memory margin.
 Each trial is a separate ``launch()`` (torchrun for DDP), so an out-of-memory trial cannot leave
 fragmented or leaked memory to the next one. The script reads its batch size with
 ``mgprof.batch_size(default)``; with ``--global-batch`` it also reads
-``mgprof.accumulation_steps()``. The search itself is ``mgprof.analyze.sweep.SweepPlanner``.
+``mgprof.accumulation_steps()``. The search itself is ``mgprof.analyze.sweep.result.SweepPlanner``.
 
 Memory per trial: on CUDA the caching allocator's peak reserved memory against the device total
 (what a CUDA OOM is about). On CPU with a memory budget the worker's address space is capped at
@@ -14,7 +14,7 @@ a probe process that does what the bootstrap does before the cap (import torch, 
 
 The result is a ``NoiseSweepResult``: with ``MGPROF_NOISE_SCALE=1`` every trial records the
 gradient norms, and ``noise_scale`` pools them into B_simple beside the hardware knee, with the
-batch that reaches a given loss soonest (``mgprof.analyze.noise_scale.sweep_noise_scale``).
+batch that reaches a given loss soonest (``mgprof.analyze.run.noise_scale.sweep_noise_scale``).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from typing import Any
 import msgspec
 
 from mgprof import rundir
-from mgprof.analyze.noise_scale import (
+from mgprof.analyze.run.noise_scale import (
     NoiseSweepResult,
     StepNoise,
     step_estimates,
     sweep_noise_scale,
 )
-from mgprof.analyze.sweep import (
+from mgprof.analyze.sweep.result import (
     BATCH_NOT_APPLIED,
     DEFAULT_MARGIN,
     DEFAULT_RESOLUTION,
@@ -335,7 +335,7 @@ def probe_baseline_rss_mib() -> float:
         "from mgprof.run.bootstrap import AutoInstrument\n"
         "AutoInstrument(0, None, 3).install()\n"
         "import torch\n"
-        "from mgprof.collect.memory import peak_rss_mib\n"
+        "from mgprof.collect.devices.memory import peak_rss_mib\n"
         "print(peak_rss_mib())\n"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_ARENA_MAX="2")
@@ -477,7 +477,7 @@ def read_sweep(path: str | os.PathLike[str]) -> NoiseSweepResult:
     version = head.get("schema_version") if isinstance(head, dict) else None
     if not isinstance(version, int) or version < 1:
         raise UsageError(f"{p} has no valid schema_version: not an mgprof sweep.json")
-    from mgprof.analyze.sweep import SWEEP_SCHEMA_VERSION
+    from mgprof.analyze.sweep.result import SWEEP_SCHEMA_VERSION
 
     if version > SWEEP_SCHEMA_VERSION:
         raise UsageError(

@@ -1,6 +1,7 @@
 """``mgprof.find_sweet_spot``: the batch-size sweep inside one training process (or DDP job).
 
-The search is ``mgprof.analyze.sweep.SweepPlanner``, run identically on every rank: each trial's
+The search is ``mgprof.analyze.sweep.result.SweepPlanner``, run identically on every rank:
+each trial's
 figures are all-reduced or all-gathered before the planner sees them, so every rank takes the same
 decision and enters the same collectives.
 
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mgprof.analyze.sweep import (
+from mgprof.analyze.sweep.result import (
     DEFAULT_MARGIN,
     DEFAULT_RESOLUTION,
     RankTrial,
@@ -285,7 +286,7 @@ def find_sweet_spot(
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
-    from mgprof.collect.wrap import device as default_device
+    from mgprof.collect.wrapping.wrap import device as default_device
 
     dev = torch.device(device) if device is not None else default_device()
     distributed = dist.is_available() and dist.is_initialized()

@@ -1,5 +1,5 @@
 """Findings from ``--memory`` tracking: one rank that needs much more memory than the others,
-and a fragmented CUDA cache. Both read ``analysis["memory"]`` (``mgprof.analyze.run_memory``).
+and a fragmented CUDA cache. Both read ``analysis["memory"]`` (``mgprof.analyze.run.memory``).
 """
 
 from __future__ import annotations

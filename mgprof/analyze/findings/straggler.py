@@ -17,7 +17,7 @@ from mgprof.analyze.findings.core import Finding, finding_id
 from mgprof.analyze.findings.fit import cores_per_rank, ranks_per_host, uses_gpu
 from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
-from mgprof.analyze.run_steps import steady_state_steps
+from mgprof.analyze.run.steps import steady_state_steps
 from mgprof.analyze.stats import mean, percentile
 from mgprof.records import RankRecord, RunRecord
 

@@ -1,0 +1,1 @@
+"""The rows and verdict of ``mgprof compare``: strategies and precisions, measured."""

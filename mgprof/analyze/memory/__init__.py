@@ -1,0 +1,1 @@
+"""Where memory went: profiler memory events, allocator trace replay, allocator snapshots."""

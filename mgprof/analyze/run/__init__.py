@@ -1,0 +1,1 @@
+"""The figures of one saved run: steps, throughput, utilisation, comm, memory, precision, noise."""

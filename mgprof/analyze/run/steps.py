@@ -1,0 +1,66 @@
+"""Step-timer figures of a rank: steady-state steps, step time, throughput, DataLoader wait."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from mgprof.analyze.run.results import StepTimeStats
+from mgprof.analyze.stats import mean, percentile
+from mgprof.records import RankRecord, RunRecord, StepRecord
+
+_STEADY_STATE_MIN_STEPS = 3
+
+
+def steady_state_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """All steps but the first (warm-up) when there are at least three; all of them otherwise."""
+    ordered = sorted(steps, key=lambda s: s.index)
+    if len(ordered) >= _STEADY_STATE_MIN_STEPS:
+        return ordered[1:]
+    return ordered
+
+
+def step_time_stats(durations_ms: Sequence[float]) -> StepTimeStats:
+    """mean/p50/p95/min/max of step durations (ms); ``durations_ms`` must not be empty."""
+    return StepTimeStats(
+        count=len(durations_ms),
+        mean=mean(durations_ms),
+        p50=percentile(durations_ms, 50.0),
+        p95=percentile(durations_ms, 95.0),
+        min=min(durations_ms),
+        max=max(durations_ms),
+    )
+
+
+def throughput(steps: Sequence[StepRecord]) -> tuple[float | None, str]:
+    """Samples per second over steps with a known batch size, or None and the reason."""
+    sized = [s for s in steps if s.batch_size is not None]
+    if not sized:
+        return None, "no batch sizes recorded (pass batch_size= to prof.step())"
+    seconds = sum(s.duration_ms for s in sized) / 1000.0
+    if seconds <= 0.0:
+        return None, "the steps with a batch size took no measurable time"
+    return sum(s.batch_size or 0 for s in sized) / seconds, ""
+
+
+def dataloader_totals(rank: RankRecord, steps: Sequence[StepRecord]) -> tuple[float, float]:
+    """(sum of DataLoader wait, sum of iteration time) in ms over the steps whose wait was timed.
+
+    A ``with prof.step():`` block starts after the next batch was fetched, so its wait lies
+    outside the step and is added to it; in the other forms the wait is part of the step.
+    """
+    timed = [s for s in steps if s.dataloader_ms is not None]
+    wait = sum(s.dataloader_ms or 0.0 for s in timed)
+    busy = sum(s.duration_ms for s in timed)
+    return wait, busy + wait if rank.step_form == "with" else busy
+
+
+def usual_batch_sizes(run: RunRecord) -> list[int]:
+    """Per rank (that recorded any), its most common batch size over its steady-state steps:
+    the batch the rank really trained on, which compare and sweep check against the request."""
+    sizes: list[int] = []
+    for rank in run.ranks:
+        seen = [s.batch_size for s in steady_state_steps(rank.steps) if s.batch_size is not None]
+        if seen:
+            sizes.append(Counter(seen).most_common(1)[0][0])
+    return sizes

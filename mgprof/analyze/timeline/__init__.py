@@ -1,0 +1,1 @@
+"""``mgprof timeline``: every rank of a job in one Chrome/Perfetto trace, on one clock."""

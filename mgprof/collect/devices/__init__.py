@@ -1,0 +1,1 @@
+"""What the devices did: NVML, the samplers, device identity and facts, memory."""

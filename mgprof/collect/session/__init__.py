@@ -1,0 +1,1 @@
+"""The profiling session: lifecycle, steps and regions, staging, and delivery to rank 0."""

@@ -1,0 +1,357 @@
+"""Auto-wrap: a script that does not wrap its model itself is put under DDP or DataParallel.
+
+Under ``mgprof analyze --gpus N`` (and every ``compare`` row) a plain single-device script would
+otherwise run N independent copies whose gradients are never synchronised, and any "speedup"
+measured from them is false. Auto-wrap finds the trained model (the outermost module whose
+parameters hold all of an optimizer's trainable parameters) at its first forward after the
+optimizer exists, and from then on routes that module's calls through a
+``DistributedDataParallel`` (the process group initialised from torchrun's environment when the
+script did not) or an ``nn.DataParallel`` built around it. The script keeps its own module
+object: ``state_dict`` keys, checkpoints, ``model.eval()`` and the optimizer are unchanged.
+
+How the route works: the module's class is swapped for a subclass whose ``__call__`` calls the
+wrapper; the wrapper calls the module again, and that inner call (and DataParallel's replicas,
+which run in worker threads) goes the ordinary way. ``nn.Module.__call__`` is patched only until
+the decision is made (the first optimizer update at the latest), so the per-step cost after
+that is one attribute lookup. Pickling or deep-copying the module gives the original class.
+
+Under ``--precision`` the same route carries the precision setting
+(``mgprof.collect.wrapping.precision``): the trained module is found under every strategy
+(single, and a
+model the script wrapped in DDP itself, too) and its calls run under mgprof's autocast setting.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+
+from mgprof.collect.failopen import emit_line
+from mgprof.records import AutoWrapRecord
+
+AUTO_WRAP_ENV = "MGPROF_AUTO_WRAP"
+"""``0`` turns auto-wrap off (``--no-auto-wrap``)."""
+
+_SELF_WRAPPED = "the script wraps its model itself"
+
+
+class _Route:
+    """Global (not thread-local) re-entry flag: DataParallel's replicas run in worker threads
+    while the main thread waits inside the wrapper, and they must not route again."""
+
+    inside = False
+
+
+_routes: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
+_classes: dict[type, type] = {}
+_replica_contexts: dict[type, Callable[[], AbstractContextManager[Any]]] = {}
+"""Per original class, the precision context its DataParallel replicas enter: torch's replica
+threads re-enter autocast with the outer enable flag but not its dtype (``parallel_apply``),
+so a bf16 setting would run fp16 in them."""
+
+
+def _routed_class(cls: type) -> type:
+    """``cls`` with a ``__call__`` that goes through the module's wrapper (cached per class)."""
+    routed = _classes.get(cls)
+    if routed is not None:
+        return routed
+
+    def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        wrapper = _routes.get(self)
+        if wrapper is None or _Route.inside:
+            replica = _replica_contexts.get(cls) if wrapper is None and _Route.inside else None
+            if replica is not None:  # a DataParallel replica, in its own thread
+                with replica():
+                    return cls.__call__(self, *args, **kwargs)
+            return cls.__call__(self, *args, **kwargs)  # looked up now: never a stale patch
+        _Route.inside = True
+        try:
+            return wrapper(*args, **kwargs)
+        finally:
+            _Route.inside = False
+
+    def __reduce_ex__(self: nn.Module, protocol: Any) -> Any:
+        # rebuilt as the script's own class by the standard library alone, so a pickled model
+        # loads where mgprof is not installed
+        rebuild = copyreg._reconstructor  # type: ignore[attr-defined]
+        return (rebuild, (cls, object, None), self.__getstate__())
+
+    routed = type(
+        cls.__name__,
+        (cls,),
+        {
+            "__call__": __call__,
+            "__reduce_ex__": __reduce_ex__,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "_mgprof_routed": True,
+        },
+    )
+    _classes[cls] = routed
+    return routed
+
+
+def enabled() -> bool:
+    return os.environ.get(AUTO_WRAP_ENV, "1") != "0"
+
+
+class AutoWrap:
+    """Watches optimizers and module calls until it has wrapped the trained model or decided
+    not to; the outcome is an ``AutoWrapRecord`` (noted in the rank's training facts)."""
+
+    def __init__(
+        self, strategy: str, note: Any = None, precision: Any = None, wrap: bool = True
+    ) -> None:
+        self.strategy = strategy
+        self._note = note
+        self.precision = precision
+        """A ``PrecisionControl`` (``--precision``): the trained module's calls are routed
+        through its autocast setting whatever the strategy, the script's own DDP included."""
+        self.wrap = wrap
+        """False under ``--no-auto-wrap``: the model is found for ``precision`` only."""
+        self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
+        self._checked: set[int] = set()
+        self._local = threading.local()
+        self._orig_call: Any = None
+        self._orig_add_group: Any = None
+        self.record: AutoWrapRecord | None = None
+        self._initialized_pg = False
+        self.wrapped: list[nn.Module] = []
+
+    # -- installation -------------------------------------------------------------------------
+    def install(self) -> None:
+        auto = self
+        self._orig_add_group = torch.optim.Optimizer.add_param_group
+        orig_add = self._orig_add_group
+
+        def add_param_group(opt: torch.optim.Optimizer, group: dict[str, Any]) -> None:
+            orig_add(opt, group)
+            try:
+                auto._watch_optimizer(opt)
+            except Exception:
+                pass
+
+        torch.optim.Optimizer.add_param_group = add_param_group  # type: ignore[method-assign,assignment]
+        self._orig_call = nn.Module.__call__
+        orig_call = self._orig_call
+
+        def module_call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            local = auto._local
+            depth = getattr(local, "depth", 0)
+            if depth == 0 and auto.record is None:
+                try:
+                    if auto._consider(module):
+                        return module(*args, **kwargs)  # now routed through the wrapper
+                except Exception as exc:  # fail open: the script trains unwrapped
+                    auto._decide(None, f"auto-wrap failed: {type(exc).__name__}: {exc}")
+            local.depth = depth + 1
+            try:
+                return orig_call(module, *args, **kwargs)
+            finally:
+                local.depth = depth
+
+        nn.Module.__call__ = module_call  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        """Stop watching (the patches cost a little on every module call)."""
+        if self._orig_call is not None:
+            nn.Module.__call__ = self._orig_call  # type: ignore[method-assign]
+            self._orig_call = None
+        if self._orig_add_group is not None:
+            torch.optim.Optimizer.add_param_group = self._orig_add_group  # type: ignore[method-assign]
+            self._orig_add_group = None
+
+    def on_first_update(self) -> None:
+        """The first optimizer update: a model not found by now is not going to be wrapped."""
+        if self.record is None:
+            if not self._optimizers:
+                self._decide(None, "no optimizer was seen before the first update")
+            else:
+                self._decide(
+                    None,
+                    "no single module called by the script holds all of an optimizer's "
+                    "trainable parameters",
+                )
+
+    # -- decision -----------------------------------------------------------------------------
+    def _watch_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        if not any(ref() is opt for ref in self._optimizers):
+            self._optimizers.append(weakref.ref(opt))
+        self._checked.clear()  # a module that did not match may match the new optimizer
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers seen so far (alive)."""
+        return [opt for opt in (ref() for ref in self._optimizers) if opt is not None]
+
+    def _trainable_ids(self) -> list[set[int]]:
+        sets = []
+        for ref in self._optimizers:
+            opt = ref()
+            if opt is None:
+                continue
+            ids = {id(p) for group in opt.param_groups for p in group["params"] if p.requires_grad}
+            if ids:
+                sets.append(ids)
+        return sets
+
+    def _consider(self, module: nn.Module) -> bool:
+        """Wrap ``module`` if it is the trained model; True when its call must be re-routed."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        self_wrapped = isinstance(module, (DistributedDataParallel, nn.DataParallel)) or _is_fsdp(
+            module
+        )
+        if self_wrapped and self.precision is None:
+            self._decide(None, _SELF_WRAPPED)
+            return False
+        if id(module) in self._checked or not self._optimizers:
+            return False
+        self._checked.add(id(module))
+        wanted = self._trainable_ids()
+        if not wanted:
+            return False
+        own = {id(p) for p in module.parameters()}
+        if not any(ids <= own for ids in wanted):
+            return False
+        wrapper: nn.Module | None
+        reason: str | None
+        if self_wrapped:
+            wrapper, reason = None, _SELF_WRAPPED
+        elif not self.wrap:
+            wrapper, reason = None, "auto-wrap is off"
+        else:
+            wrapper, reason = self._build(module)
+        if self.precision is not None:
+            route = self.precision.route(module, wrapper if wrapper is not None else module)
+        elif wrapper is None:
+            self._decide(None, reason, module)
+            return False
+        else:
+            route = wrapper
+        _routes[module] = route
+        self._replicas_too(module, wrapper)
+        module.__class__ = _routed_class(type(module))
+        self.wrapped.append(module)
+        self._decide(wrapper, reason, module)
+        return True
+
+    def _replicas_too(self, module: nn.Module, wrapper: nn.Module | None) -> None:
+        """Under a precision setting, DataParallel's replicas get it in their threads too: the
+        replicas of the model mgprof wrapped, or of the module inside the script's own
+        DataParallel (whose class is then routed, with no wrapper of its own)."""
+        if self.precision is None:
+            return
+        if isinstance(wrapper, nn.DataParallel):
+            inner = module
+        elif isinstance(module, nn.DataParallel):
+            inner = module.module
+        else:
+            return
+        params = list(inner.parameters())
+        factory = self.precision.replica_context(params[0].device.type if params else "cpu")
+        if factory is None:
+            return
+        _replica_contexts[type(inner)] = factory
+        if inner is not module:
+            inner.__class__ = _routed_class(type(inner))
+
+    def _build(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
+        if self.strategy == "ddp":
+            return self._build_ddp(module)
+        if self.strategy == "dp":
+            return self._build_dp(module)
+        return None, f"strategy {self.strategy} needs no wrapper"
+
+    def _build_ddp(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        from mgprof.collect.wrapping.wrap import device, enable_sync_ab
+
+        params = list(module.parameters())
+        where = params[0].device if params else torch.device("cpu")
+        if where.type == "cuda" and where != device():
+            return None, (
+                f"the model is on {where} but this rank's device is {device()} (the script pins "
+                "a device index); use torch.device('cuda') or mgprof.device()"
+            )
+        if not dist.is_initialized():
+            _init_process_group("nccl" if where.type == "cuda" else "gloo")
+            self._initialized_pg = True
+        if where.type == "cuda":
+            ddp = DistributedDataParallel(module, device_ids=[where.index])
+        else:
+            ddp = DistributedDataParallel(module)
+        enable_sync_ab(ddp)
+        return ddp, None
+
+    def _build_dp(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
+        from mgprof.collect.wrapping.wrap import _gpu_limit
+
+        if not torch.cuda.is_available():
+            return None, "DataParallel needs CUDA devices"
+        params = list(module.parameters())
+        if not params or params[0].device.type != "cuda":
+            return None, "the model is not on a CUDA device, so DataParallel cannot replicate it"
+        count = torch.cuda.device_count()
+        first = params[0].device.index or 0
+        ids = [first] + [i for i in range(count) if i != first]
+        return nn.DataParallel(module, device_ids=ids[: _gpu_limit(count)]), None
+
+    def _decide(
+        self, wrapper: nn.Module | None, reason: str | None, module: nn.Module | None = None
+    ) -> None:
+        if self.record is not None:
+            return
+        if self.precision is not None and module is None:
+            self.precision.not_applied(reason or "the trained module was not found")
+        if wrapper is None:
+            self.record = AutoWrapRecord(reason=reason)
+        else:
+            target = module if module is not None else wrapper
+            trainable = sum(p.numel() for p in target.parameters() if p.requires_grad)
+            is_ddp = not isinstance(wrapper, nn.DataParallel)
+            self.record = AutoWrapRecord(
+                wrapper="ddp" if is_ddp else "dp",
+                module_class=f"{type(target).__module__}.{type(target).__qualname__}",
+                parameters=trainable,
+                bucket_cap_mb=_bucket_cap_mb(wrapper) if is_ddp else None,
+                devices=list(getattr(wrapper, "device_ids", None) or []),
+                initialized_process_group=self._initialized_pg,
+            )
+        wrapping = self.wrap and self.strategy in ("ddp", "dp")
+        if self._note is not None and wrapping:
+            self._note("auto_wrap", self.record)
+        if wrapping and reason is not None and reason != _SELF_WRAPPED and wrapper is None:
+            emit_line(f"mgprof auto-wrap: nothing wrapped: {reason}")
+        self.uninstall()
+
+
+def _bucket_cap_mb(ddp: Any) -> float | None:
+    cap = getattr(ddp, "bucket_bytes_cap", None)
+    return round(cap / (1024 * 1024), 3) if isinstance(cap, (int, float)) else None
+
+
+def _is_fsdp(module: nn.Module) -> bool:
+    return type(module).__name__ in {"FullyShardedDataParallel", "FSDPModule"} or hasattr(
+        module, "_fsdp_wrapped_module"
+    )
+
+
+def _init_process_group(backend: str) -> None:
+    """The default group from torchrun's environment (``mgprof.wrap``'s own initialiser, with
+    the backend the model's device needs); a later ``init_process_group`` of the script reuses
+    it (``mgprof.collect.hooks``)."""
+    from mgprof.collect import hooks
+    from mgprof.collect.wrapping.wrap import init_process_group
+
+    init_process_group(backend)
+    hooks.mark_process_group_by_mgprof()

@@ -1,0 +1,358 @@
+"""The Operators and Kernels views: the TensorBoard plugin's operator and kernel tables, per rank.
+
+Operators come from each trace summary's ``operators`` (grouped by name and input shapes) and
+``operators_by_name``; kernels from ``top_kernels``. A rank with several trace files gets one row
+per group, summed over the files. "All ranks" charts sum over the ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from mgprof.analyze.readers import as_dict as _dict
+from mgprof.analyze.readers import num as _num
+from mgprof.report.html.charts import layout
+from mgprof.report.html.text import cell, label, short_label
+from mgprof.report.html.view_model import Col, Context, View, figure_spec, ms, rounded
+
+__all__ = ["kernels_view", "operators_view"]
+
+TOP_BARS = 15
+"""Bars in a "top N" chart; the table below it has every row."""
+
+_OP_TIMES = ("host_self_us", "host_total_us", "device_self_us", "device_total_us")
+
+
+def _merge(rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Rows with equal ``keys`` summed (one rank's trace files); a time that no row has stays
+    None (a CPU trace has no device time)."""
+    merged: dict[tuple[str, ...], dict[str, Any]] = {}
+    for row in rows:
+        key = tuple(str(row.get(k) or "") for k in keys)
+        acc = merged.get(key)
+        if acc is None:
+            acc = merged[key] = {k: v for k, v in zip(keys, key)}
+            acc.update({f: None for f in ("calls", *_OP_TIMES)})
+        for f in ("calls", *_OP_TIMES):
+            value = _num(row.get(f))
+            if f == "calls" and value is None:
+                value = _num(row.get("count"))
+            if value is not None:
+                acc[f] = (acc[f] or 0.0) + value
+    return list(merged.values())
+
+
+def _unique_labels(names: Sequence[str]) -> list[str]:
+    """Short chart labels, made distinct (two names cut to the same label stay two bars)."""
+    out: list[str] = []
+    seen: dict[str, int] = {}
+    for name in names:
+        text = short_label(name)
+        seen[text] = seen.get(text, 0) + 1
+        out.append(text if seen[text] == 1 else f"{text} #{seen[text]}")
+    return out
+
+
+def _hbar(
+    title: str,
+    names: Sequence[str],
+    series: Sequence[tuple[str, list[float | None]]],
+    x_title: str,
+    colors: Sequence[str | None] = (),
+) -> dict[str, Any]:
+    """Horizontal bars, largest first at the top; hover shows the whole name."""
+    ys = _unique_labels(names)
+    full = [label(n) for n in names]
+    data = []
+    for i, (name, xs) in enumerate(series):
+        trace: dict[str, Any] = {
+            "type": "bar",
+            "orientation": "h",
+            "name": label(name),
+            "x": xs,
+            "y": ys,
+            "hovertext": full,
+            "hovertemplate": "%{hovertext}<br>%{x:,.3f} ms<extra>%{fullData.name}</extra>",
+        }
+        if i < len(colors) and colors[i]:
+            trace["marker"] = {"color": colors[i]}
+        data.append(trace)
+    lay = layout(title, x_title, "")
+    lay["yaxis"].update({"autorange": "reversed", "type": "category"})
+    lay["height"] = max(300, 60 + 22 * len(ys))
+    lay["barmode"] = "group" if len(series) > 1 else "relative"
+    return {"data": data, "layout": lay}
+
+
+# ---------------------------------------------------------------------------------- operators
+
+
+def _op_rows(ctx: Context, key: str, keys: Sequence[str]) -> dict[int, list[dict[str, Any]]]:
+    return {rank: _merge(rows, keys) for rank, rows in ctx.items(key).items()}
+
+
+def _has_device(per_rank: Mapping[int, list[dict[str, Any]]]) -> bool:
+    return any(r.get("device_self_us") is not None for rows in per_rank.values() for r in rows)
+
+
+def _op_chart(
+    per_rank: Mapping[int, list[dict[str, Any]]], device: bool, title: str
+) -> dict[str, Any]:
+    sort_key = "device_self_us" if device else "host_self_us"
+
+    def fig(rows: list[dict[str, Any]], who: str) -> dict[str, Any]:
+        top = sorted(rows, key=lambda r: -(r.get(sort_key) or 0.0))[:TOP_BARS]
+        series = [("host self", [rounded(ms(r["host_self_us"])) for r in top])]
+        if device:
+            series.append(("device self", [rounded(ms(r["device_self_us"])) for r in top]))
+        return _hbar(f"{title}, {who}", [r["name"] for r in top], series, "ms")
+
+    summed = _merge((r for rows in per_rank.values() for r in rows), ("name",))
+    all_fig = fig(summed, "all ranks summed" if len(per_rank) > 1 else _who(per_rank))
+    by_rank = {rank: fig(rows, f"rank {rank}") for rank, rows in per_rank.items()}
+    return figure_spec(all_fig, by_rank if len(per_rank) > 1 else None)
+
+
+def _who(per_rank: Mapping[int, Any]) -> str:
+    return ", ".join(f"rank {r}" for r in per_rank)
+
+
+def _op_table(
+    view: View,
+    table_id: str,
+    per_rank: Mapping[int, list[dict[str, Any]]],
+    device: bool,
+    shapes: bool,
+    *,
+    hidden: bool = False,
+) -> None:
+    cols = [Col("rank", digits=0), Col("operator", num=False)]
+    if shapes:
+        cols.append(Col("input shapes", num=False))
+    cols += [Col("calls", digits=0), Col("host self ms", digits=3), Col("host total ms", digits=3)]
+    if device:
+        cols += [Col("device self ms", digits=3), Col("device total ms", digits=3)]
+    rows = []
+    for rank, items in per_rank.items():
+        for r in items:
+            row: list[Any] = [rank, cell(r["name"])]
+            if shapes:
+                row.append(cell(r.get("input_shapes") or ""))
+            row += [r["calls"], rounded(ms(r["host_self_us"])), rounded(ms(r["host_total_us"]))]
+            if device:
+                row += [rounded(ms(r["device_self_us"])), rounded(ms(r["device_total_us"]))]
+            rows.append(row)
+    first_time = 4 if shapes else 3
+    sort_col = first_time + 2 if device else first_time
+    view.table(table_id, cols, rows, sort=(sort_col, "desc"), group="operators", hidden=hidden)
+
+
+def _dropped_note(
+    ctx: Context, key: str, what: str, count: str, time: str, time_what: str = ""
+) -> str:
+    """What a bounded list left out, per rank: ``key`` names the summary's dropped block."""
+    parts = []
+    for rank, summaries in ctx.summaries.items():
+        n = calls = us = 0.0
+        for s in summaries:
+            d = _dict(s.get(key))
+            n += _num(d.get(count)) or 0.0
+            calls += _num(d.get("calls")) or 0.0
+            us += _num(d.get(time)) or 0.0
+        if n:
+            parts.append(
+                f"rank {rank}: {n:,.0f} more ({calls:,.0f} calls, {us / 1000.0:,.3f} ms{time_what})"
+            )
+    return f"Not listed, {what}: " + "; ".join(parts) + "." if parts else ""
+
+
+def _unattributed_note(ctx: Context) -> str:
+    parts = []
+    for rank, summaries in ctx.summaries.items():
+        values = [_num(s.get("operators_device_unattributed_us")) for s in summaries]
+        known = [v for v in values if v is not None]
+        if known and sum(known) > 0:
+            parts.append(f"rank {rank}: {sum(known) / 1000.0:,.3f} ms")
+    if not parts:
+        return ""
+    return (
+        "Device time launched from no host operator (or with no launch in the trace), in no "
+        "row: " + "; ".join(parts) + "."
+    )
+
+
+def operators_view(ctx: Context) -> View:
+    """Host and device self/total time and calls per operator, by name or by input shape."""
+    view = View("operators", "Operators")
+    by_shape = _op_rows(ctx, "operators", ("name", "input_shapes"))
+    by_name = _op_rows(ctx, "operators_by_name", ("name",))
+    if not by_name and by_shape:
+        by_name = {rank: _merge(rows, ("name",)) for rank, rows in by_shape.items()}
+    if not by_name:
+        view.note(
+            "No operator table in this analysis: the run has no trace, or its run.json was "
+            "analysed by an older mgprof (re-render it: mgprof report RUN_DIR --format html)."
+        )
+        return view
+    device = _has_device(by_name)
+    what = "device self time" if device else "host self time"
+    view.chart("ops-top", _op_chart(by_name, device, f"Top operators by {what}"))
+    options = [("ops-by-name", "operator name")]
+    if by_shape:
+        options.append(("ops-by-shape", "operator name and input shapes"))
+    view.switch("operators", "group by", options)
+    _op_table(view, "ops-by-name", by_name, device, shapes=False)
+    if by_shape:
+        _op_table(view, "ops-by-shape", by_shape, device, shapes=True, hidden=True)
+    if not device:
+        view.note(
+            "Device time: not applicable (CPU-only traces have no device events); host self = "
+            "an operator's time minus the operators nested in it."
+        )
+    for note in (
+        _dropped_note(ctx, "operators_by_name_dropped", "smaller operator names", "groups",
+                      "host_self_us", " host self"),
+        _dropped_note(ctx, "operators_dropped", "smaller (name, input shapes) groups", "groups",
+                      "host_self_us", " host self"),
+        _unattributed_note(ctx),
+    ):  # fmt: skip
+        if note:
+            view.note(note)
+    return view
+
+
+# ------------------------------------------------------------------------------------ kernels
+
+
+def _compute_us(kernels: Sequence[Mapping[str, Any]]) -> float | None:
+    """A trace file's summed compute-kernel time, from any kernel's total and share of it."""
+    for k in kernels:
+        total, pct = _num(k.get("total_us")), _num(k.get("pct_of_compute"))
+        if total is not None and pct:
+            return total * 100.0 / pct
+    return None
+
+
+def _tensor_core(k: Mapping[str, Any]) -> bool | None:
+    flag = k.get("tensor_core")
+    if isinstance(flag, bool):
+        return flag
+    kind = k.get("kind")
+    return kind == "tensor_core" if isinstance(kind, str) else None
+
+
+def _kernel_rows(summaries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One rank's kernels summed by name over its trace files."""
+    merged: dict[str, dict[str, Any]] = {}
+    compute = 0.0
+    for s in summaries:
+        listed = s.get("kernels") or s.get("top_kernels") or []  # top_kernels: older run.json
+        kernels = [k for k in listed if isinstance(k, dict)]
+        compute += _compute_us(kernels) or 0.0
+        for k in kernels:
+            name = str(k.get("name", "?"))
+            acc = merged.setdefault(
+                name,
+                {"name": name, "calls": 0.0, "total_us": 0.0, "min_us": None, "max_us": None,
+                 "tensor_core": None},
+            )  # fmt: skip
+            acc["calls"] += _num(k.get("calls", k.get("count"))) or 0.0
+            acc["total_us"] += _num(k.get("total_us")) or 0.0
+            lo, hi = _num(k.get("min_us")), _num(k.get("max_us"))
+            if lo is not None:
+                acc["min_us"] = lo if acc["min_us"] is None else min(acc["min_us"], lo)
+            if hi is not None:
+                acc["max_us"] = hi if acc["max_us"] is None else max(acc["max_us"], hi)
+            tc = _tensor_core(k)
+            if tc is not None:
+                acc["tensor_core"] = bool(acc["tensor_core"]) or tc
+    for acc in merged.values():
+        acc["mean_us"] = acc["total_us"] / acc["calls"] if acc["calls"] else None
+        acc["pct"] = 100.0 * acc["total_us"] / compute if compute > 0 else None
+    return sorted(merged.values(), key=lambda k: -k["total_us"])
+
+
+_TC_COLOR, _OTHER_COLOR = "#2e7d32", "#1565c0"
+
+
+def _kernel_fig(rows: list[dict[str, Any]], who: str) -> dict[str, Any]:
+    top = rows[:TOP_BARS]
+    tc = [rounded(k["total_us"] / 1000.0) if k["tensor_core"] else None for k in top]
+    other = [None if k["tensor_core"] else rounded(k["total_us"] / 1000.0) for k in top]
+    series = [("tensor-core kernels", tc), ("other kernels", other)]
+    fig = _hbar(
+        f"Top kernels by total time, {who}",
+        [k["name"] for k in top],
+        series,
+        "ms (summed over calls)",
+        (_TC_COLOR, _OTHER_COLOR),
+    )
+    fig["layout"]["barmode"] = "relative"  # one bar per kernel, coloured by class
+    return fig
+
+
+def kernels_view(ctx: Context) -> View:
+    """Calls, total/mean/min/max time, tensor-core flag and share of compute per kernel."""
+    view = View("kernels", "Kernels")
+    per_rank = {rank: rows for rank, s in ctx.summaries.items() if (rows := _kernel_rows(s))}
+    if not per_rank:
+        view.note(
+            "No kernels: CPU-only traces have none (the Operators view has the CPU ops), or "
+            "the run has no trace. On a GPU run this view lists every kernel the trace summary "
+            "kept."
+        )
+        return view
+    summed: dict[str, dict[str, Any]] = {}
+    for rows in per_rank.values():
+        for k in rows:
+            acc = summed.setdefault(k["name"], {**k, "total_us": 0.0})
+            acc["total_us"] += k["total_us"]
+    all_rows = sorted(summed.values(), key=lambda k: -k["total_us"])
+    multi = len(per_rank) > 1
+    view.chart(
+        "kernels-top",
+        figure_spec(
+            _kernel_fig(all_rows, "all ranks summed" if multi else _who(per_rank)),
+            {rank: _kernel_fig(rows, f"rank {rank}") for rank, rows in per_rank.items()}
+            if multi
+            else None,
+        ),
+    )
+    cols = [
+        Col("rank", digits=0),
+        Col("kernel", num=False),
+        Col("calls", digits=0),
+        Col("total ms", digits=3),
+        Col("mean µs", digits=1),
+        Col("min µs", digits=1),
+        Col("max µs", digits=1),
+        Col("tensor cores", num=False),
+        Col("% of compute", digits=1),
+    ]
+    flag = {True: "yes", False: "no", None: "n/a"}
+    table = [
+        [
+            rank,
+            cell(k["name"]),
+            k["calls"],
+            rounded(k["total_us"] / 1000.0),
+            rounded(k["mean_us"], 2),
+            rounded(k["min_us"], 2),
+            rounded(k["max_us"], 2),
+            flag[k["tensor_core"]],
+            rounded(k["pct"], 2),
+        ]
+        for rank, items in per_rank.items()
+        for k in items
+    ]
+    view.table("kernels-table", cols, table, sort=(3, "desc"))
+    dropped = _dropped_note(ctx, "kernels_dropped", "smaller kernels", "names", "total_us")
+    if dropped:
+        view.note(dropped)
+    view.note(
+        "% of compute: the kernel's summed time / all compute kernels' summed time on that rank "
+        "(communication kernels excluded). Tensor cores: classified from the kernel name or its "
+        "GEMM's input dtype."
+    )
+    return view

@@ -1,0 +1,376 @@
+"""The Memory and Distributed views: what differs between ranks.
+
+Memory: peak allocated vs reserved per rank (and per device for DataParallel) from the memory
+records, the sampler's device-memory (or RSS) curve per rank (``chart-memory``, drawn by
+``html_charts``), a per-rank table. Distributed: collectives per rank with sizes and bus
+bandwidth from the trace summaries, and wait vs transfer per rank from the cross-rank matching
+(``analysis.traces.job.cross_rank``), which also names the slowest rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mgprof.analyze.readers import as_dict as _dict
+from mgprof.analyze.readers import num as _num
+from mgprof.report.html.charts import layout
+from mgprof.report.html.text import cell, esc, label
+from mgprof.report.html.view_model import Col, Context, View, figure_spec, ms, rank_color, rounded
+
+__all__ = ["distributed_view", "memory_view"]
+
+
+# ------------------------------------------------------------------------------------ memory
+
+
+def _memory_rows(ctx: Context) -> list[dict[str, Any]]:
+    """One row per rank, or per device of a DataParallel rank."""
+    analysed = {d.get("rank"): _dict(d.get("memory")) for d in ctx.rank_dicts()}
+    rows: list[dict[str, Any]] = []
+    for rec in sorted(ctx.run.ranks, key=lambda r: r.rank):
+        mem = rec.memory
+        sampled = {
+            dev.device: max((v for v in dev.columns.get("mem_used_mib", []) if v is not None),
+                            default=None)
+            for dev in rec.sampler.devices
+        }  # fmt: skip
+        base = analysed.get(rec.rank, {})
+        if mem is not None and len(mem.per_device) > 1:
+            for device, figures in mem.per_device.items():
+                total = _num(figures.get("total_mib"))
+                reserved = _num(figures.get("peak_reserved_mib"))
+                rows.append(
+                    {
+                        "rank": rec.rank,
+                        "device": device,
+                        "allocated": _num(figures.get("peak_allocated_mib")),
+                        "reserved": reserved,
+                        "total": total,
+                        "headroom": None if total is None or reserved is None else total - reserved,
+                        "rss": mem.peak_rss_mib,
+                        "sampled": sampled.get(device),
+                    }
+                )
+            continue
+        device = rec.device.kind if rec.device.index is None else f"cuda:{rec.device.index}"
+        rows.append(
+            {
+                "rank": rec.rank,
+                "device": device,
+                "allocated": mem.peak_allocated_mib if mem else None,
+                "reserved": mem.peak_reserved_mib if mem else None,
+                "total": mem.total_mib if mem else None,
+                "headroom": _num(base.get("headroom_mib")),
+                "rss": mem.peak_rss_mib if mem else None,
+                "sampled": next((v for v in sampled.values() if v is not None), None),
+            }
+        )
+    return rows
+
+
+def _peaks_fig(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    multi_device = len({r["rank"] for r in rows}) < len(rows)
+    xs = [f"rank {r['rank']}" + (f" {r['device']}" if multi_device else "") for r in rows]
+    data = [
+        {"type": "bar", "name": name, "x": [label(x) for x in xs],
+         "y": [rounded(r[key]) for r in rows], "marker": {"color": color}}
+        for key, name, color in (
+            ("allocated", "peak allocated (tensors)", "#1565c0"),
+            ("reserved", "peak reserved (caching allocator)", "#90caf9"),
+            ("rss", "peak RSS (host process)", "#8d6e63"),
+        )
+        if any(r[key] is not None for r in rows)
+        # host RSS beside device memory would dwarf it: it is in the table; charted on CPU runs
+        and not (key == "rss" and any(r["allocated"] is not None for r in rows))
+    ]  # fmt: skip
+    if not data:
+        return None
+    return {
+        "data": data,
+        "layout": layout(
+            "Peak memory per rank: allocated vs reserved"
+            if any(r["allocated"] is not None for r in rows) else "Peak process RSS per rank",
+            "", "MiB", barmode="group"),
+    }  # fmt: skip
+
+
+def _allocation_fig(ctx: Context) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]]]:
+    """``--memory``: each rank's allocation curve (one line per rank, its peak marked), for all
+    ranks and per rank."""
+    traces: list[tuple[int, dict[str, Any]]] = []
+    for p in _dict(ctx.analysis.get("memory")).get("ranks") or []:
+        p = _dict(p)
+        curve = _dict(p.get("curve"))
+        rank = p.get("rank")
+        if not isinstance(rank, int) or not curve.get("time_ms"):
+            continue
+        trace = {
+            "type": "scatter",  # not scattergl: WebGL may be missing (headless, remote desktops)
+            "mode": "lines",
+            "name": f"rank {rank}",
+            "x": [rounded(t) for t in curve.get("time_ms") or []],
+            "y": [rounded(v) for v in curve.get("allocated_mib") or []],
+            "meta": {"rank": rank},
+        }
+        traces.append((rank, trace))
+    if not traces:
+        return None, {}
+    title = "Allocated memory over the traced steps (--memory)"
+
+    def fig(data: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"data": data, "layout": layout(title, "ms since the trace started", "MiB")}
+
+    return fig([t for _, t in traces]), {r: fig([t]) for r, t in traces}
+
+
+def memory_view(ctx: Context) -> View:
+    """Peak allocated vs reserved per rank, the memory table (the curve is ``chart-memory``);
+    with ``--memory`` the allocation curve per rank (the Memory profile section follows)."""
+    view = View("memory", "Memory")
+    rows = _memory_rows(ctx)
+    fig = _peaks_fig(rows)
+    if fig is not None:
+        view.chart("mem-peaks", figure_spec(fig))
+    curve_all, curve_by_rank = _allocation_fig(ctx)
+    if curve_all is not None:
+        view.chart("mem-allocation", figure_spec(curve_all, curve_by_rank))
+    if not rows:
+        view.note("No memory records.")
+        return view
+    cols = [
+        Col("rank", digits=0),
+        Col("device", num=False),
+        Col("peak allocated MiB", digits=1),
+        Col("peak reserved MiB", digits=1),
+        Col("reserved − allocated MiB", digits=1),
+        Col("device total MiB", digits=0),
+        Col("headroom MiB", digits=0),
+        Col("peak RSS MiB", digits=1),
+        Col("sampled peak used MiB", digits=0),
+    ]
+    table = [
+        [
+            r["rank"],
+            cell(r["device"]),
+            rounded(r["allocated"]),
+            rounded(r["reserved"]),
+            rounded(r["reserved"] - r["allocated"])
+            if r["reserved"] is not None and r["allocated"] is not None
+            else None,
+            rounded(r["total"]),
+            rounded(r["headroom"]),
+            rounded(r["rss"]),
+            rounded(r["sampled"]),
+        ]
+        for r in rows
+    ]
+    view.table("mem-table", cols, table)
+    view.note(
+        "Allocated: memory held by tensors (PyTorch's max_memory_allocated); reserved: what the "
+        "caching allocator took from the device (what other processes cannot use); sampled peak "
+        "used: NVML's reading, which also counts the CUDA context. n/a on CPU runs."
+    )
+    return view
+
+
+# ------------------------------------------------------------------------------- distributed
+
+
+def _sizes_text(sizes: Any) -> str:
+    """``[[bytes, calls], ...]`` as ``1.07 MB ×3, 526 kB ×3``."""
+    parts = []
+    for item in sizes if isinstance(sizes, list) else []:
+        if isinstance(item, (list, tuple)) and len(item) == 2:
+            size, calls = _num(item[0]), _num(item[1])
+            if size is not None and calls is not None:
+                parts.append(f"{_bytes(size)} ×{calls:.0f}")
+    return ", ".join(parts)
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _add(a: Any, b: Any) -> float | None:
+    x, y = _num(a), _num(b)
+    return None if x is None and y is None else (x or 0.0) + (y or 0.0)
+
+
+def merge_collectives(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per collective type over a rank's trace files: counts, times, bytes and sizes
+    summed, bandwidths recomputed from the sums (busbw keeps the type's bus factor)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for c in rows:
+        key = str(c.get("type", "?"))
+        if key not in merged:
+            merged[key] = {**c, "sizes": list(c.get("sizes") or [])}
+            continue
+        acc = merged[key]
+        for f in ("count", "total_us", "exposed_us", "bytes"):
+            acc[f] = _add(acc.get(f), c.get(f))
+        sizes: dict[Any, float] = {}
+        for item in [*acc["sizes"], *(c.get("sizes") or [])]:
+            if isinstance(item, (list, tuple)) and len(item) == 2:
+                sizes[item[0]] = sizes.get(item[0], 0) + (_num(item[1]) or 0)
+        acc["sizes"] = sorted(
+            ([k, v] for k, v in sizes.items()), key=lambda kv: -(_num(kv[0]) or 0)
+        )
+        algbw, busbw = _num(acc.get("algbw_gbps")), _num(acc.get("busbw_gbps"))
+        total, size = _num(acc.get("total_us")), _num(acc.get("bytes"))
+        if algbw and busbw is not None and total and size is not None:
+            acc["algbw_gbps"] = size / (total * 1e3)  # bytes / µs / 1e3 = GB/s
+            acc["busbw_gbps"] = acc["algbw_gbps"] * busbw / algbw
+    return list(merged.values())
+
+
+def _collective_table(ctx: Context, view: View) -> list[tuple[int, dict[str, Any]]]:
+    colls = [
+        (rank, c)
+        for rank, rows in ctx.items("collectives").items()
+        for c in merge_collectives(rows)
+    ]
+    if not colls:
+        return []
+    cols = [
+        Col("rank", digits=0),
+        Col("type", num=False),
+        Col("calls", digits=0),
+        Col("total ms", digits=3),
+        Col("exposed ms", digits=3),
+        Col("MB", digits=2),
+        Col("group size", digits=0),
+        Col("algbw GB/s", digits=2),
+        Col("busbw GB/s", digits=2),
+        Col("message sizes", num=False),
+    ]
+    rows = [
+        [
+            rank,
+            cell(c.get("type", "?")),
+            _num(c.get("count")),
+            rounded(ms(c.get("total_us"))),
+            rounded(ms(c.get("exposed_us"))),
+            rounded((_num(c.get("bytes")) or 0) / 1e6)
+            if _num(c.get("bytes")) is not None
+            else None,
+            _num(c.get("group_size")),
+            rounded(c.get("algbw_gbps")),
+            rounded(c.get("busbw_gbps")),
+            cell(_sizes_text(c.get("sizes"))),
+        ]
+        for rank, c in colls
+    ]
+    view.table("dist-collectives", cols, rows, sort=(3, "desc"))
+    return colls
+
+
+def _busbw_fig(colls: list[tuple[int, dict[str, Any]]]) -> dict[str, Any] | None:
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for rank, c in colls:
+        if _num(c.get("busbw_gbps")) is not None:
+            by_rank.setdefault(rank, []).append(c)
+    if not by_rank:
+        return None
+    data = [
+        {
+            "type": "bar",
+            "name": f"rank {rank}",
+            "x": [label(c.get("type", "?")) for c in items],
+            "y": [rounded(c.get("busbw_gbps")) for c in items],
+            "marker": {"color": rank_color(rank)},
+            "meta": {"rank": rank},
+        }
+        for rank, items in sorted(by_rank.items())
+    ]
+    lay = layout("Bus bandwidth per collective type", "collective", "busbw GB/s", barmode="group")
+    return {"data": data, "layout": lay}
+
+
+def _wait_fig(cross: dict[str, Any]) -> dict[str, Any] | None:
+    per_rank = [p for p in cross.get("per_rank") or [] if isinstance(p, dict)]
+    if not per_rank:
+        return None
+    transfer = sum(
+        _num(t.get("transfer_us")) or 0.0
+        for t in cross.get("per_type") or []
+        if isinstance(t, dict)
+    )
+    slowest = cross.get("slowest_rank")
+    xs = [f"rank {p.get('rank')}" + (" (slowest)" if p.get("rank") == slowest else "")
+          for p in per_rank]  # fmt: skip
+    data = [
+        {"type": "bar", "name": "transfer", "x": xs, "y": [rounded(transfer / 1e3)] * len(xs),
+         "marker": {"color": "#1565c0"}},
+        {"type": "bar", "name": "wait for other ranks", "x": xs,
+         "y": [rounded(ms(p.get("wait_us"))) for p in per_rank], "marker": {"color": "#ef6c00"}},
+    ]  # fmt: skip
+    lay = layout(
+        "Time in matched collectives per rank: wait vs transfer", "", "ms", barmode="stack"
+    )
+    lay["legend"]["traceorder"] = "normal"
+    return {"data": data, "layout": lay}
+
+
+def _slowest_html(ctx: Context) -> str:
+    cross = ctx.cross_rank()
+    job = ctx.job()
+    slowest = cross.get("slowest_rank", job.get("slowest_rank"))
+    if slowest is None:
+        return ""
+    matched = _num(cross.get("matched_calls"))
+    last = next(
+        (
+            _num(p.get("last_arrivals"))
+            for p in cross.get("per_rank") or []
+            if isinstance(p, dict) and p.get("rank") == slowest
+        ),
+        None,
+    )
+    if last is not None and matched:
+        why = f"it arrived last at {last:.0f} of {matched:.0f} matched collectives"
+    else:
+        why = str(job.get("slowest_rank_basis") or "highest mean step time")
+    waited = sum(
+        _num(p.get("wait_us")) or 0.0
+        for p in cross.get("per_rank") or []
+        if isinstance(p, dict) and p.get("rank") != slowest
+    )
+    text = f"Slowest rank: {slowest} — {why}"
+    if cross.get("per_rank"):
+        text += f"; the other ranks waited {waited / 1e3:,.3f} ms for it in total"
+    return f'<p class="callout">{esc(text)}.</p>'
+
+
+def distributed_view(ctx: Context) -> View:
+    """Collectives with sizes and busbw, wait vs transfer per rank, the slowest rank (the
+    per-rank stacked breakdown is ``chart-step-breakdown``)."""
+    view = View("distributed", "Distributed")
+    view.html(_slowest_html(ctx))
+    cross = ctx.cross_rank()
+    wait = _wait_fig(cross)
+    if wait is not None:
+        view.chart("dist-wait", figure_spec(wait))
+        view.note(
+            "Transfer: per matched call, the shortest duration over the ranks; wait: a rank's "
+            f"duration minus that (matched by {cross.get('match_key', 'call order')})."
+        )
+    colls = _collective_table(ctx, view)
+    busbw = _busbw_fig(colls)
+    if busbw is not None:
+        view.chart("dist-busbw", figure_spec(busbw))
+    if not colls:
+        view.note("No collectives in the traces (one process, or no trace).")
+    per_rank = [p for p in cross.get("per_rank") or [] if isinstance(p, dict)]
+    if per_rank:
+        cols = [Col("rank", digits=0), Col("wait ms", digits=3), Col("arrived last", digits=0),
+                Col("slowest", num=False)]  # fmt: skip
+        rows = [
+            [p.get("rank"), rounded(ms(p.get("wait_us"))), _num(p.get("last_arrivals")),
+             "yes" if p.get("rank") == cross.get("slowest_rank") else ""]
+            for p in per_rank
+        ]  # fmt: skip
+        view.table("dist-waits", cols, rows)
+    return view
