@@ -142,7 +142,7 @@ def test_auto_wrapped_runs_are_labelled_so() -> None:
     ranks = [_rank(r, ddp_sync_forwards=5, auto_wrap=wrap) for r in (0, 1)]
     run = RunRecord(strategy="ddp", world_size=2, ranks=ranks)
     sync = grad_sync(run)
-    assert sync.auto_wrap is not None and sync.auto_wrap["module_class"] == "x.Net"
+    assert sync.auto_wrap is not None and sync.auto_wrap.module_class == "x.Net"
     assert strategy_label(run, sync) == "ddp (auto-wrapped)"
 
 

@@ -19,6 +19,7 @@ from _spawn import Result, clean_env, python_args, run, write_script
 from rich.console import Console
 
 from mgprof.analyze.run.analysis import analyze_run
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.records import RankExit, RankRecord, RunRecord, StepRecord, read_run
 from mgprof.report import failure_summary as fs
 from mgprof.report.run.markdown import run_to_markdown
@@ -357,7 +358,7 @@ def test_finalize_says_no_optimizer_step_without_missing_ranks(tmp_path: Path) -
 # -- the failure report -------------------------------------------------------------------------
 
 
-def failed_run(tmp_path: Path, steps: int) -> tuple[RunRecord, dict[str, object]]:
+def failed_run(tmp_path: Path, steps: int) -> tuple[RunRecord, RunAnalysis]:
     ranks = [
         RankRecord(
             rank=r,
@@ -378,10 +379,10 @@ def failed_run(tmp_path: Path, steps: int) -> tuple[RunRecord, dict[str, object]
         ranks=ranks,
         rank_exits=exits_rank1_first(),
     )
-    return rec, dict(analyze_run(rec, tmp_path))
+    return rec, decode_analysis(analyze_run(rec, tmp_path))
 
 
-def terminal(rec: RunRecord, analysis: dict[str, object]) -> str:
+def terminal(rec: RunRecord, analysis: RunAnalysis) -> str:
     console = Console(file=io.StringIO(), width=100, color_system=None)
     render_run(rec, analysis, console)
     out = console.file.getvalue()  # type: ignore[attr-defined]
@@ -433,7 +434,7 @@ def test_large_job_ranks_are_grouped() -> None:
         missing_ranks=list(range(64)),
         rank_exits=list(exits.values()),
     )
-    summary = fs.failure_summary(rec, {})
+    summary = fs.failure_summary(rec, RunAnalysis())
     assert summary is not None
     rows = summary.section.tables[0].rows
     assert rows == [

@@ -18,6 +18,7 @@ from rich.console import Console
 from mgprof.analyze import findings as fd
 from mgprof.analyze.findings import RULES, evaluate_findings
 from mgprof.analyze.run.analysis import analyze_run
+from mgprof.analyze.run.schema import decode_analysis
 from mgprof.records import (
     DeviceInfo,
     DeviceSamples,
@@ -30,6 +31,7 @@ from mgprof.records import (
 )
 from mgprof.report.run.markdown import run_to_markdown
 from mgprof.report.run.terminal import render_run
+from tests._analysis import trace_summary
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_MIB = 81_559.0
@@ -94,9 +96,9 @@ def summary(
     exposed_pct: float = 3.0, busy_pct: float = 92.0, tensor_cores: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A GPU trace summary shaped like the trace engine's output."""
-    return {
-        "kind": "gpu",
-        "totals": {
+    return trace_summary(
+        kind="gpu",
+        totals={
             "window_us": 300_000.0,
             "busy_pct": busy_pct,
             "idle_pct": 100.0 - busy_pct,
@@ -104,7 +106,7 @@ def summary(
             "comm_pct": 20.0,
             "exposed_comm_pct": exposed_pct,
         },
-        "collectives": [
+        collectives=[
             {
                 "type": "all_reduce",
                 "count": 30,
@@ -114,7 +116,7 @@ def summary(
                 "group_size": 2,
             }
         ],
-        "tensor_cores": tensor_cores
+        tensor_cores=tensor_cores
         or {
             "tensor_core_us": 200_000.0,
             "fp32_gemm_us": 0.0,
@@ -123,8 +125,7 @@ def summary(
             "tensor_core_pct": 80.0,
             "fp32_gemm_pct": 0.0,
         },
-        "not_applicable": {},
-    }
+    )
 
 
 def analysed(run: RunRecord, tmp_path: Path | None = None, **summary_kw: Any) -> dict[str, Any]:
@@ -202,8 +203,20 @@ def test_dataparallel_fires_with_device0_imbalance_and_measured_saving() -> None
     analysis = analysed(run)
     analysis["comparison"] = {
         "rows": [
-            {"strategy": "dp", "devices": 4, "samples_per_s": 1000.0},
-            {"strategy": "ddp", "devices": 4, "samples_per_s": 2400.0},
+            {
+                "strategy": "dp",
+                "devices": 4,
+                "run": "dp",
+                "status": "complete",
+                "samples_per_s": 1000.0,
+            },
+            {
+                "strategy": "ddp",
+                "devices": 4,
+                "run": "ddp",
+                "status": "complete",
+                "samples_per_s": 2400.0,
+            },
         ]
     }
     f = fired("dataparallel", run, analysis)
@@ -442,7 +455,18 @@ def test_rank_imbalance_quotes_collective_waits() -> None:
     analysis = analysed(run)
     analysis["traces"]["job"] = {
         "slowest_rank": 1,
-        "cross_rank": {"per_rank": [{"rank": 0, "wait_us": 25_000.0}, {"rank": 1, "wait_us": 0.0}]},
+        "cross_rank": {
+            "ranks": [0, 1],
+            "match_key": "order",
+            "matched_calls": 30,
+            "unmatched_calls": 0,
+            "per_type": [],
+            "per_rank": [
+                {"rank": 0, "wait_us": 25_000.0, "last_arrivals": 0},
+                {"rank": 1, "wait_us": 0.0, "last_arrivals": 30},
+            ],
+            "slowest_rank": 1,
+        },
     }
     f = fired("rank_imbalance", run, analysis)
     assert f is not None and "last to arrive at collectives: rank 1" in f["evidence"]
@@ -724,25 +748,36 @@ def test_findings_sorted_by_severity(tmp_path: Path) -> None:
     assert [f["severity"] for f in found] == ["high", "medium", "low"]
 
 
-def test_a_rule_that_breaks_on_malformed_figures_is_skipped() -> None:
+def test_malformed_figures_are_left_out_and_a_rule_that_breaks_is_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     run = gpu_run()
     analysis = analysed(run)
     analysis["job"]["identical_batches"] = True
+    good = json.loads(json.dumps(analysis))
     analysis["job"]["fingerprint_steps_compared"] = "many"  # malformed: not a number
-    found = evaluate_findings(run, analysis)
-    assert [f["rule"] for f in found] == ["identical_batches"]
+    typed = decode_analysis(analysis)
+    assert typed.job is None and typed.ranks  # the bad block alone is left out
+    assert any("'job'" in w and "fingerprint_steps_compared" in w for w in typed.warnings)
+    assert [f["rule"] for f in evaluate_findings(run, analysis)] == []
     analysis["ranks"] = "garbage"
     assert isinstance(evaluate_findings(run, analysis), list)
+
+    def broken(run: RunRecord, figures: Any) -> None:
+        raise KeyError("a rule that trips over a figure")
+
+    monkeypatch.setattr(fd, "RULES", (broken, *RULES))
+    assert [f["rule"] for f in evaluate_findings(run, good)] == ["identical_batches"]
 
 
 def test_findings_reach_terminal_markdown(tmp_path: Path) -> None:
     run = epoch_run(sampler=True, called=False)
     analysis = analysed(run)
     analysis["findings"] = evaluate_findings(run, analysis)
-    md = run_to_markdown(run, analysis)
+    md = run_to_markdown(run, decode_analysis(analysis))
     assert "DistributedSampler.set\\_epoch() is never called" in md
     buf = io.StringIO()
-    render_run(run, analysis, Console(file=buf, width=120))
+    render_run(run, decode_analysis(analysis), Console(file=buf, width=120))
     assert "[medium] DistributedSampler.set_epoch() is never called" in buf.getvalue()
 
 

@@ -233,11 +233,14 @@ def exposed(run: RunRecord, pct: float = 30.0) -> dict[str, Any]:
     """The run's figures with every rank's communication ``pct`` % exposed."""
     analysis = analyze_run(run, None)
     for rank in analysis["ranks"]:
-        rank["comm"] = {
+        rank["comm"] = {  # 1.25x the exposed time communicating, 20 % of it overlapped
             "window_us": 20_000.0,
+            "comm_us": 250.0 * pct,
+            "comm_overlap_us": 50.0 * pct,
             "exposed_comm_us": 200.0 * pct,
-            "exposed_comm_pct": pct,
+            "comm_pct": 1.25 * pct,
             "comm_overlap_pct": 20.0,
+            "exposed_comm_pct": pct,
         }
     return analysis
 

@@ -16,6 +16,7 @@ import pytest
 
 from mgprof.analyze.findings import evaluate_findings
 from mgprof.analyze.run.analysis import analyze_run
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.errors import UsageError
 from mgprof.records import (
     DeviceInfo,
@@ -33,6 +34,7 @@ pytest.importorskip("plotly", reason="the HTML report needs plotly: pip install 
 
 from mgprof.report.html import page as html_report
 from mgprof.report.html.text import unintern_strings
+from tests._analysis import trace_summary as full_summary
 
 EVIL = "<img src=x onerror=alert(1)>"
 AMP_KERNEL = "void at::native::vectorized_elementwise_kernel<4, AddFunctor<float>&>"
@@ -59,10 +61,15 @@ def nvml_sampler(rank: int, start: float) -> SamplerRecord:
     return SamplerRecord(kind="nvml", interval_s=0.5, devices=[dev])
 
 
+def to_html(run: RunRecord, analysis: dict[str, Any]) -> str:
+    """The page of an analysis dict, decoded as ``mgprof report`` decodes run.json's."""
+    return html_report.run_to_html(run, decode_analysis(analysis))
+
+
 def trace_summary(path: Path) -> dict[str, Any]:
-    return {
-        "kind": "gpu",
-        "totals": {
+    return full_summary(
+        kind="gpu",
+        totals={
             "window_us": 200_000.0,
             "busy_pct": 80.0,
             "idle_pct": 20.0,
@@ -70,7 +77,7 @@ def trace_summary(path: Path) -> dict[str, Any]:
             "comm_pct": 30.0,
             "exposed_comm_pct": 12.0,
         },
-        "collectives": [
+        collectives=[
             {
                 "type": "all_reduce",
                 "count": 20,
@@ -81,12 +88,11 @@ def trace_summary(path: Path) -> dict[str, Any]:
                 "busbw_gbps": 150.0,
             }
         ],
-        "top_kernels": [
+        top_kernels=[
             {"name": EVIL, "count": 3, "total_us": 40_000.0, "pct_of_compute": 30.0},
             {"name": AMP_KERNEL, "count": 9, "total_us": 20_000.0, "pct_of_compute": 15.0},
         ],
-        "not_applicable": {},
-    }
+    )
 
 
 def gpu_run(tmp_path: Path) -> tuple[RunRecord, dict[str, Any]]:
@@ -121,11 +127,12 @@ def gpu_run(tmp_path: Path) -> tuple[RunRecord, dict[str, Any]]:
     analysis = analyze_run(run, tmp_path, trace_analyzer=trace_summary)
     analysis["comparison"] = {
         "rows": [
-            {"strategy": "single", "devices": 1, "step_time_ms": 80.0, "samples_per_s": 800.0,
-             "speedup": 1.0, "efficiency": 1.0, "comm_share_pct": 0.0, "peak_mem_mib": [30_000]},
-            {"strategy": "ddp", "devices": 2, "step_time_ms": 100.0, "samples_per_s": 1280.0,
-             "speedup": 1.6, "efficiency": 0.8, "comm_share_pct": 12.0,
-             "peak_mem_mib": {"cuda:0": 42_000, "cuda:1": 42_000}},
+            {"strategy": "single", "devices": 1, "run": "single", "status": "complete",
+             "step_time_ms": 80.0, "samples_per_s": 800.0, "speedup": 1.0, "efficiency": 1.0,
+             "comm_share_pct": 0.0, "peak_mem_mib": [30_000]},
+            {"strategy": "ddp", "devices": 2, "run": "ddp", "status": "complete",
+             "step_time_ms": 100.0, "samples_per_s": 1280.0, "speedup": 1.6, "efficiency": 0.8,
+             "comm_share_pct": 12.0, "peak_mem_mib": [42_000, 42_000]},
         ]
     }  # fmt: skip
     analysis["sweep"] = {
@@ -147,7 +154,7 @@ def gpu_run(tmp_path: Path) -> tuple[RunRecord, dict[str, Any]]:
 @pytest.fixture
 def report(tmp_path: Path) -> str:
     run, analysis = gpu_run(tmp_path)
-    return html_report.run_to_html(run, analysis)
+    return to_html(run, analysis)
 
 
 def chart_data(text: str) -> dict[str, Any]:
@@ -224,14 +231,14 @@ def test_optional_charts_absent_without_their_data(tmp_path: Path) -> None:
     run, analysis = gpu_run(tmp_path)
     for key in ("comparison", "sweep"):
         analysis.pop(key)
-    text = html_report.run_to_html(run, analysis)
+    text = to_html(run, analysis)
     assert "chart-comparison" not in text and "chart-sweep" not in text
     assert "<h2>Strategy comparison</h2>" not in text
     assert set(chart_data(text)) == set(ALL_CHARTS[:3])
 
 
 def test_bare_run_renders_without_charts() -> None:
-    text = html_report.run_to_html(RunRecord(), {})
+    text = html_report.run_to_html(RunRecord(), RunAnalysis())
     assert chart_data(text) == {} and "<h2>Findings</h2>" in text and "no findings" in text
 
 
@@ -241,12 +248,12 @@ def test_sweep_accepts_a_plain_point_list_and_columns(tmp_path: Path) -> None:
         {"batch_size": 64, "samples_per_s": 10.0},
         {"batch_size": 32, "samples_per_s": 6.0},
     ]
-    assert chart_data(html_report.run_to_html(run, analysis))["chart-sweep"]["data"][0]["y"] == [
+    assert chart_data(to_html(run, analysis))["chart-sweep"]["data"][0]["y"] == [
         6.0,
         10.0,
     ]
     analysis["sweep"] = {"series": {"batch_size": [16, 8], "samples_per_s": [3.0, 2.0]}}
-    assert chart_data(html_report.run_to_html(run, analysis))["chart-sweep"]["data"][0]["x"] == [
+    assert chart_data(to_html(run, analysis))["chart-sweep"]["data"][0]["x"] == [
         8,
         16,
     ]
@@ -255,7 +262,7 @@ def test_sweep_accepts_a_plain_point_list_and_columns(tmp_path: Path) -> None:
 def test_missing_plotly_is_a_usage_error_naming_pip(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "plotly.offline", None)
     with pytest.raises(html_report.HtmlDependencyMissing) as exc:
-        html_report.run_to_html(RunRecord(), {})
+        html_report.run_to_html(RunRecord(), RunAnalysis())
     assert isinstance(exc.value, UsageError) and isinstance(exc.value, ImportError)
     assert "pip install" in str(exc.value) and "plotly" in str(exc.value)
 
@@ -332,7 +339,7 @@ def assert_clean_render(dom: str, console: list[str], view: str = "overview") ->
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     run, analysis = gpu_run(tmp_path)
     page = tmp_path / "report.html"
-    page.write_text(html_report.run_to_html(run, analysis))
+    page.write_text(to_html(run, analysis))
     dom, console = render_in_chromium(page, tmp_path / "profile")
     drawn = assert_clean_render(dom, console)
     assert {"chart-utilisation", "chart-comparison", "chart-sweep"} <= set(drawn)
@@ -358,4 +365,4 @@ def test_report_keys_round_trip_through_run_json(tmp_path: Path) -> None:
     stored = msgspec.structs.replace(run, analysis=analysis)
     back = msgspec.json.decode(msgspec.json.encode(stored), type=RunRecord)
     assert back.analysis is not None
-    assert html_report.run_to_html(back, back.analysis) == html_report.run_to_html(run, analysis)
+    assert to_html(back, back.analysis) == to_html(run, analysis)

@@ -17,7 +17,9 @@ import pytest
 
 from mgprof.analyze.findings import evaluate_findings
 from mgprof.analyze.run.analysis import analyze_run
+from mgprof.analyze.run.schema import decode_analysis
 from mgprof.records import RegionRecord, RunRecord, read_run
+from tests._analysis import TOTALS, trace_summary
 
 pytest.importorskip("plotly", reason="the HTML report needs plotly: pip install 'mgprof[html]'")
 
@@ -34,6 +36,11 @@ CLOSE = "</script>"
 SIZE_BOUND = 6_000_000
 """Bytes of a 16-rank report: plotly.js (~4.6 MB) plus the data of every view."""
 LOAD_BOUND_MS = 2000.0
+
+
+def to_html(run: RunRecord, analysis: dict[str, Any]) -> str:
+    """The page of an analysis dict, decoded as ``mgprof report`` decodes run.json's."""
+    return html_report.run_to_html(run, decode_analysis(analysis))
 
 
 def page_data(text: str) -> dict[str, Any]:
@@ -60,9 +67,15 @@ def op(name: str, shapes: str, calls: int, host_self: float, device: float | Non
             "device_self_us": device}  # fmt: skip
 
 
+def by_name_op(name: str, calls: int, host_self: float, device: float | None) -> dict:
+    row = {k: v for k, v in op(name, "", calls, host_self, device).items() if k != "input_shapes"}
+    return {**row, "input_shape_groups": 1}
+
+
 def kernel(name: str, calls: int, total: float, tc: bool, pct: float) -> dict:
-    return {"name": name, "calls": calls, "total_us": total, "mean_us": total / calls,
-            "min_us": total / calls / 2, "max_us": total / calls * 2, "tensor_core": tc,
+    return {"name": name, "count": calls, "calls": calls, "total_us": total,
+            "mean_us": total / calls, "min_us": total / calls / 2, "max_us": total / calls * 2,
+            "tensor_core": tc, "kind": "tensor_core" if tc else "other",
             "pct_of_compute": pct}  # fmt: skip
 
 
@@ -73,34 +86,33 @@ def gpu_summary(rank: int, evil: str = SCRIPT) -> dict[str, Any]:
         op("aten::addmm", "[[64, 512], [512, 10]]", 20, 1000.0, 500.0),
         op(evil, "", 3, 10.0, 1.0),
     ]
-    by_name = [
-        {k: v for k, v in o.items() if k != "input_shapes"}
-        for o in (op("aten::addmm", "", 40, 5000.0 + rank, 9500.0), op(evil, "", 3, 10.0, 1.0))
-    ]
+    by_name = [by_name_op("aten::addmm", 40, 5000.0 + rank, 9500.0), by_name_op(evil, 3, 10.0, 1.0)]
     step = {
-        "step": 3, "cpu_duration_us": 10_000.0, "cpu_start_us": 1e9 + rank * 100.0,
-        "totals": {"window_us": 10_000.0, "compute_us": 6000.0, "exposed_comm_us": 2000.0,
-                   "idle_us": 1500.0, "compute_pct": 60.0, "exposed_comm_pct": 20.0,
-                   "idle_pct": 15.0},
+        "step": 3, "cpu_duration_us": 10_000.0, "device_events": 10,
+        "cpu_start_us": 1e9 + rank * 100.0,
+        "totals": {**dict.fromkeys(TOTALS), "window_us": 10_000.0, "compute_us": 6000.0,
+                   "exposed_comm_us": 2000.0, "idle_us": 1500.0, "compute_pct": 60.0,
+                   "exposed_comm_pct": 20.0, "idle_pct": 15.0},
     }  # fmt: skip
-    return {
-        "kind": "gpu",
-        "totals": {"window_us": 10_000.0, "compute_pct": 60.0, "exposed_comm_pct": 20.0,
-                   "idle_pct": 15.0},
-        "steps": [step, {**step, "step": 4, "cpu_start_us": 1e9 + 10_000.0}],
-        "collectives": [{"type": "all_reduce", "count": 4, "total_us": 3000.0,
-                         "exposed_us": 2000.0, "bytes": 6_000_000, "group_size": 2,
-                         "algbw_gbps": 2.0, "busbw_gbps": 2.0 + rank,
-                         "sizes": [[1_500_000, 4]]}],
-        "top_kernels": [kernel("ampere_sgemm_tc", 40, 8000.0, True, 80.0),
-                        kernel(evil, 4, 2000.0, False, 20.0)],
-        "tensor_cores": {"tensor_core_us": 8000.0, "fp32_gemm_us": 0.0,
-                         "tensor_core_kernels": 40, "fp32_gemm_kernels": 0,
-                         "tensor_core_pct": 80.0, "fp32_gemm_pct": 0.0},
-        "operators": ops,
-        "operators_by_name": by_name,
-        "operators_dropped": {"groups": 7, "calls": 70, "host_self_us": 300.0},
-    }  # fmt: skip
+    return trace_summary(
+        kind="gpu",
+        totals={"window_us": 10_000.0, "compute_pct": 60.0, "exposed_comm_pct": 20.0,
+                "idle_pct": 15.0},
+        steps=[step, {**step, "step": 4, "cpu_start_us": 1e9 + 10_000.0}],
+        collectives=[{"type": "all_reduce", "count": 4, "total_us": 3000.0,
+                      "exposed_us": 2000.0, "bytes": 6_000_000, "group_size": 2,
+                      "algbw_gbps": 2.0, "busbw_gbps": 2.0 + rank,
+                      "sizes": [[1_500_000, 4]]}],
+        top_kernels=[kernel("ampere_sgemm_tc", 40, 8000.0, True, 80.0),
+                     kernel(evil, 4, 2000.0, False, 20.0)],
+        tensor_cores={"tensor_core_us": 8000.0, "fp32_gemm_us": 0.0,
+                      "tensor_core_kernels": 40, "fp32_gemm_kernels": 0,
+                      "tensor_core_pct": 80.0, "fp32_gemm_pct": 0.0},
+        operators=ops,
+        operators_by_name=by_name,
+        operators_dropped={"groups": 7, "calls": 70, "host_self_us": 300.0,
+                           "device_self_us": None},
+    )  # fmt: skip
 
 
 def with_summaries(run: RunRecord, analysis: dict[str, Any], per_rank: dict[int, list[dict]]):
@@ -109,6 +121,7 @@ def with_summaries(run: RunRecord, analysis: dict[str, Any], per_rank: dict[int,
         "ranks": {str(r): s for r, s in per_rank.items()},
         "job": {"cross_rank": {
             "ranks": sorted(per_rank), "match_key": "order", "matched_calls": 4,
+            "unmatched_calls": 0,
             "per_type": [{"type": "all_reduce", "matched": 4, "transfer_us": 2500.0,
                           "wait_us_by_rank": {"0": 0.0, "1": 400.0}}],
             "per_rank": [{"rank": 0, "wait_us": 0.0, "last_arrivals": 4},
@@ -141,7 +154,7 @@ def two_gpu_ranks(h200: tuple[RunRecord, dict[str, Any]]) -> tuple[RunRecord, di
 def test_operators_view_groups_by_name_and_shape_with_host_and_device_time(
     h200: tuple[RunRecord, dict[str, Any]],
 ) -> None:
-    data = page_data(html_report.run_to_html(*two_gpu_ranks(h200)))
+    data = page_data(to_html(*two_gpu_ranks(h200)))
     by_name = table(data, "ops-by-name")
     addmm0 = next(r for r in by_name if r["rank"] == 0 and r["operator"] == "aten::addmm")
     assert addmm0 == {"rank": 0, "operator": "aten::addmm", "calls": 40,
@@ -163,7 +176,7 @@ def test_operators_view_groups_by_name_and_shape_with_host_and_device_time(
 def test_kernels_view_has_calls_times_tensor_cores_and_share(
     h200: tuple[RunRecord, dict[str, Any]],
 ) -> None:
-    text = html_report.run_to_html(*two_gpu_ranks(h200))
+    text = to_html(*two_gpu_ranks(h200))
     data = page_data(text)
     rows = table(data, "kernels-table")
     tc = next(r for r in rows if r["rank"] == 0 and r["kernel"] == "ampere_sgemm_tc")
@@ -186,7 +199,7 @@ def test_kernels_view_has_calls_times_tensor_cores_and_share(
 
 
 def test_distributed_and_steps_views(h200: tuple[RunRecord, dict[str, Any]]) -> None:
-    text = html_report.run_to_html(*two_gpu_ranks(h200))
+    text = to_html(*two_gpu_ranks(h200))
     data = page_data(text)
     coll = table(data, "dist-collectives")[0]
     assert coll["busbw GB/s"] == 2.0 and coll["MB"] == 6.0 and coll["message sizes"] == "1.5 MB ×4"
@@ -211,7 +224,7 @@ def test_distributed_and_steps_views(h200: tuple[RunRecord, dict[str, Any]]) -> 
 
 
 def test_memory_view_on_the_h200_run(h200: tuple[RunRecord, dict[str, Any]]) -> None:
-    data = page_data(html_report.run_to_html(*h200))
+    data = page_data(to_html(*h200))
     peaks = {t["name"]: t["y"] for t in data["figures"]["mem-peaks"]["all"]["data"]}
     assert peaks["peak allocated (tensors)"] == [68.486]
     assert peaks["peak reserved (caching allocator)"] == [70.0]
@@ -220,7 +233,7 @@ def test_memory_view_on_the_h200_run(h200: tuple[RunRecord, dict[str, Any]]) -> 
     assert row["sampled peak used MiB"] == 1445.875
     assert data["charts"]["chart-memory"]["data"][0]["meta"] == {"rank": 0}
     # one rank: no selector
-    assert 'id="rank-select"' not in html_report.run_to_html(*h200)
+    assert 'id="rank-select"' not in to_html(*h200)
 
 
 def test_views_without_their_data_say_why(h200: tuple[RunRecord, dict[str, Any]]) -> None:
@@ -233,7 +246,7 @@ def test_views_without_their_data_say_why(h200: tuple[RunRecord, dict[str, Any]]
                 s.pop(key, None)
     for rank in old["ranks"]:
         rank.pop("regions", None)
-    text = html_report.run_to_html(run, old)
+    text = to_html(run, old)
     for view in VIEWS:
         assert f'<section class="view" id="view-{view}" data-view="{view}">' in text
     assert "No operator table in this analysis" in text and "No regions recorded" in text
@@ -247,7 +260,7 @@ def test_failed_run_with_too_few_steps_has_the_overview_alone(
     run, analysis = h200
     ranks = [msgspec.structs.replace(r, steps=r.steps[:1]) for r in run.ranks]
     failed = msgspec.structs.replace(run, ranks=ranks, status="incomplete", error="boom")
-    text = html_report.run_to_html(failed, analysis)
+    text = to_html(failed, analysis)
     assert text.index('class="failure"') < text.index('<nav class="tabs"')
     assert re.findall(r'<section class="view" id="view-(\w+)"', text) == ["overview"]
     assert page_data(text)["figures"] == {} and page_data(text)["charts"] == {}
@@ -256,7 +269,7 @@ def test_failed_run_with_too_few_steps_has_the_overview_alone(
 def test_utilisation_axis_title_is_short_and_auto_margined(
     h200: tuple[RunRecord, dict[str, Any]],
 ) -> None:
-    util = page_data(html_report.run_to_html(*h200))["charts"]["chart-utilisation"]["layout"]
+    util = page_data(to_html(*h200))["charts"]["chart-utilisation"]["layout"]
     assert util["yaxis"]["title"]["text"] == "GPU util %" and util["yaxis"]["automargin"] is True
 
 
@@ -284,7 +297,7 @@ def regions_run(cpu_run_dir: Path) -> tuple[RunRecord, dict[str, Any]]:
 @pytest.mark.slow
 def test_real_run_every_view_and_region_rows(regions_run: tuple[RunRecord, dict]) -> None:
     run, analysis = regions_run
-    text = html_report.run_to_html(run, analysis)
+    text = to_html(run, analysis)
     for view in VIEWS:
         assert f'id="view-{view}"' in text and f'href="#view={view}"' in text
     assert '<option value="1">rank 1</option>' in text
@@ -361,7 +374,7 @@ def test_every_view_draws_in_headless_chromium(
 ) -> None:
     run, analysis = regions_run
     page = tmp_path / "report.html"
-    text = html_report.run_to_html(run, analysis)
+    text = to_html(run, analysis)
     page.write_text(text)
     data = page_data(text)
     # the views, then Steps for rank 1 with its table sorted and filtered by the link
@@ -429,7 +442,8 @@ def replicate(run: RunRecord, analysis: dict[str, Any], n: int) -> tuple[RunReco
         summary = copy.deepcopy(traces[str(i % len(src))][0])
         summary["operators"] = ops
         summary["operators_by_name"] = [
-            {k: v for k, v in o.items() if k != "input_shapes"} for o in ops
+            {**{k: v for k, v in o.items() if k != "input_shapes"}, "input_shape_groups": 1}
+            for o in ops
         ]
         summary["kernels"] = kernels
         summary["top_kernels"] = kernels[:10]
@@ -449,7 +463,7 @@ def test_sixteen_rank_report_is_small_and_opens_in_under_two_seconds(
     regions_run: tuple[RunRecord, dict], tmp_path: Path
 ) -> None:
     run, analysis = replicate(*regions_run, 16)
-    text = html_report.run_to_html(run, analysis)
+    text = to_html(run, analysis)
     page = tmp_path / "report16.html"
     page.write_text(text)
     size = page.stat().st_size

@@ -25,6 +25,8 @@ import mgprof
 import mgprof.collect.session.session as session_module
 import mgprof.report.files as report_files
 from mgprof.analyze.run.analysis import analyze_run
+from mgprof.analyze.run.results import CommFigures, JobAnalysis, RankAnalysis, StepTimeStats
+from mgprof.analyze.run.schema import Finding, RunAnalysis, decode_analysis
 from mgprof.collect.failopen import MgprofWarning
 from mgprof.records import DeviceInfo, RankRecord, RunRecord, StepRecord, read_run
 from mgprof.report.files import analyze_with_findings
@@ -269,7 +271,8 @@ def test_a_failing_summary_is_one_warning(
 def test_summary_of_the_saved_h200_run() -> None:
     run_record = read_run(H200)
     analysis = analyze_with_findings(run_record, H200)
-    lines = summary_lines(run_record, analysis, "runs/h200", ["report.md", "report.html"])
+    typed = decode_analysis(analysis)
+    lines = summary_lines(run_record, typed, "runs/h200", ["report.md", "report.html"])
     assert lines == [
         "mgprof: run saved to runs/h200 (report.md, report.html)",
         "mgprof: step 2.04 ms (p95 3.54), 31,402 samples/s",
@@ -282,7 +285,7 @@ def test_summary_of_the_saved_h200_run() -> None:
 def test_summary_of_the_stored_analysis_without_findings() -> None:
     run_record = read_run(H200)
     assert run_record.analysis is not None and "findings" not in run_record.analysis
-    lines = summary_lines(run_record, run_record.analysis, H200)
+    lines = summary_lines(run_record, decode_analysis(run_record.analysis), H200)
     assert lines[0] == f"mgprof: run saved to {H200}"
     assert not any("top finding" in line for line in lines)
     # one process, no communication: no comm figure to speak of
@@ -299,7 +302,9 @@ def _cpu_run(steps: int = 5, **fields: Any) -> RunRecord:
 
 def test_summary_of_a_minimal_cpu_run() -> None:
     run_record = _cpu_run()
-    lines = summary_lines(run_record, analyze_run(run_record, None), "out/cpu", ["report.md"])
+    lines = summary_lines(
+        run_record, decode_analysis(analyze_run(run_record, None)), "out/cpu", ["report.md"]
+    )
     assert lines[0] == "mgprof: run saved to out/cpu (report.md)"
     (step,) = [line for line in lines if line.startswith(STEP)]
     # steady state: steps 1..4 (21, 22, 23, 24 ms), 32 samples per step
@@ -311,20 +316,20 @@ def test_summary_of_a_minimal_cpu_run() -> None:
 
 def test_summary_without_steps_says_how_to_mark_them() -> None:
     run_record = _cpu_run(steps=0)
-    lines = summary_lines(run_record, analyze_run(run_record, None), "r")
+    lines = summary_lines(run_record, decode_analysis(analyze_run(run_record, None)), "r")
     assert "mgprof: no steps recorded: call prof.step() once per iteration" in lines
 
 
 def test_summary_names_an_incomplete_run_and_missing_ranks() -> None:
     run_record = _cpu_run(status="incomplete", error="RuntimeError: boom", missing_ranks=[3, 1])
-    lines = summary_lines(run_record, analyze_run(run_record, None), "r")
+    lines = summary_lines(run_record, decode_analysis(analyze_run(run_record, None)), "r")
     assert lines[1] == (
         "mgprof: run incomplete: RuntimeError: boom; ranks missing from the report: 1, 3"
     )
 
 
 def test_summary_without_analysis_says_where_the_run_is() -> None:
-    for analysis in (None, {}):
+    for analysis in (None, RunAnalysis(), decode_analysis({})):
         assert summary_lines(_cpu_run(), analysis, "a dir/run") == [
             "mgprof: run saved to a dir/run",
             "mgprof: full report: mgprof report 'a dir/run'",
@@ -332,21 +337,40 @@ def test_summary_without_analysis_says_where_the_run_is() -> None:
 
 
 def test_summary_of_two_ranks_takes_the_slowest_step_and_the_worst_comm() -> None:
-    def rank(n: int, mean: float, busy: float, exposed: float) -> dict[str, Any]:
-        return {
-            "rank": n,
-            "steps_total": 10,
-            "step_time_ms": {"mean": mean, "p95": mean + 2},
-            "trace_busy_pct": busy,
-            "nvml_gpu_util_pct": None,
-            "comm": {"comm_pct": exposed * 2, "exposed_comm_pct": exposed},
-        }
+    def rank(n: int, mean: float, busy: float, exposed: float) -> RankAnalysis:
+        return RankAnalysis(
+            rank=n,
+            steps_total=10,
+            step_time_ms=StepTimeStats(
+                count=9, mean=mean, p50=mean, p95=mean + 2, min=mean, max=mean + 2
+            ),
+            trace_busy_pct=busy,
+            comm=CommFigures(
+                window_us=1000.0,
+                comm_us=10.0 * exposed,
+                comm_overlap_us=0.0,
+                exposed_comm_us=10.0 * exposed,
+                comm_pct=exposed * 2,
+                comm_overlap_pct=None,
+                exposed_comm_pct=exposed,
+            ),
+        )
 
-    analysis = {
-        "job": {"samples_per_s": 5200.4},
-        "ranks": [rank(0, 12.3, 70.0, 18.2), rank(1, 10.0, 80.0, 25.0)],
-        "findings": [{"severity": "medium", "title": "Communication is exposed"}],
-    }
+    finding = Finding(
+        id="exposed_comm",
+        rule="exposed_comm",
+        severity="medium",
+        title="Communication is exposed",
+        evidence="",
+        cause="",
+        change="",
+        fix=[],
+    )
+    analysis = RunAnalysis(
+        job=JobAnalysis(strategy="ddp", world_size=2, ranks_reported=2, samples_per_s=5200.4),
+        ranks=[rank(0, 12.3, 70.0, 18.2), rank(1, 10.0, 80.0, 25.0)],
+        findings=[finding],
+    )
     run_record = RunRecord(world_size=2, strategy="ddp")
     assert summary_lines(run_record, analysis, "r")[1:] == [
         "mgprof: step 12.3 ms (p95 14.3, slowest of 2 ranks), 5,200 samples/s",
@@ -356,12 +380,18 @@ def test_summary_of_two_ranks_takes_the_slowest_step_and_the_worst_comm() -> Non
     ]
 
 
-def test_summary_tolerates_malformed_figures() -> None:
-    analysis = {
-        "job": "not a dict",
-        "ranks": [{"rank": 0, "step_time_ms": {"mean": "fast"}, "comm": None}, 7],
-        "findings": ["x", {"title": "only a title"}],
-    }
+def test_summary_of_a_malformed_stored_analysis_leaves_the_bad_blocks_out() -> None:
+    analysis = decode_analysis(
+        {
+            "job": "not a dict",
+            "ranks": [{"rank": 0, "step_time_ms": {"mean": "fast"}, "comm": None}, 7],
+            "findings": ["x", {"title": "only a title"}],
+        }
+    )
+    assert [w.split(":")[0] for w in analysis.warnings] == [
+        "analysis block 'ranks' left out",
+        "analysis block 'job' left out",
+        "analysis block 'findings' left out",
+    ]
     lines = summary_lines(RunRecord(), analysis, "r")
-    assert lines[0] == "mgprof: run saved to r"
-    assert "mgprof: top finding: only a title" in lines
+    assert lines == ["mgprof: run saved to r", "mgprof: full report: mgprof report r"]

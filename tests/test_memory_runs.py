@@ -86,46 +86,73 @@ def test_out_of_memory_is_recorded_and_the_exit_code_is_the_scripts(
 def test_curves_peaks_and_the_site_of_rank_1s_extra_memory(
     runs: dict[str, tuple[Result, Path]],
 ) -> None:
-    from mgprof.commands.report import build_analysis
+    from mgprof.analyze.run.schema import given
+    from mgprof.commands.report import analysis_data
     from mgprof.records import read_run
 
     _, run_dir = runs["tracked"]
     run = read_run(run_dir)
-    analysis = build_analysis(run, run_dir)
-    memory = analysis["memory"]
-    profiles = {p["rank"]: p for p in memory["ranks"]}
+    data, analysis = analysis_data(run, run_dir)
+    # the memory block decodes and encodes back to the JSON it was (key order included)
+    assert_round_trip(data)
+    memory = given(analysis.memory)
+    assert memory is not None
+    profiles = {p.rank: p for p in memory.ranks}
     assert set(profiles) == {0, 1}
     for p in profiles.values():
-        assert p["source"] == "profiler memory events"
-        curve = p["curve"]
-        assert curve["time_ms"] and len(curve["time_ms"]) == len(curve["allocated_mib"])
-        assert max(curve["allocated_mib"]) == p["peak_allocated_mib"]
-    hog = profiles[1]["top_sites"][0]
-    assert hog["site"].startswith("hog") and hog["mib"] == pytest.approx(64.0, abs=0.5)
-    assert profiles[1]["peak_allocated_mib"] >= 64.0 > profiles[0]["peak_allocated_mib"]
+        assert p.source == "profiler memory events"
+        curve = given(p.curve)
+        assert curve is not None
+        assert curve.time_ms and len(curve.time_ms) == len(curve.allocated_mib)
+        assert max(curve.allocated_mib) == p.peak_allocated_mib
+    hog = (given(profiles[1].top_sites) or [])[0]
+    assert hog.site.startswith("hog") and hog.mib == pytest.approx(64.0, abs=0.5)
+    peak1, peak0 = given(profiles[1].peak_allocated_mib), given(profiles[0].peak_allocated_mib)
+    assert peak1 is not None and peak0 is not None and peak1 >= 64.0 > peak0
     # consistent with the processes' resident memory: rank 1 holds the extra block
     rss = {r.rank: r.memory.peak_rss_mib for r in run.ranks if r.memory}
-    extra = profiles[1]["peak_allocated_mib"] - profiles[0]["peak_allocated_mib"]
+    extra = peak1 - peak0
     assert rss[1] - rss[0] >= 0.8 * extra
-    differs = memory["comparison"]["differs"]
-    assert differs["rank"] == 1 and differs["delta_mib"] == pytest.approx(extra, abs=0.5)
+    assert memory.comparison is not None and memory.comparison.differs is not None
+    differs = memory.comparison.differs
+    assert differs.rank == 1 and differs.delta_mib == pytest.approx(extra, abs=0.5)
     from mgprof.report.run.memory_profile import memory_profile_section
 
     section = memory_profile_section(analysis)
     assert section is not None and any("inside the traced steps" in n for n in section.notes)
-    finding = next(f for f in analysis["findings"] if f["rule"] == "memory_imbalance")
-    assert finding["id"] == "memory_imbalance:rank1" and "hog" in finding["evidence"]
+    finding = next(f for f in given(analysis.findings) or [] if f.rule == "memory_imbalance")
+    assert finding.id == "memory_imbalance:rank1" and "hog" in finding.evidence
+
+
+def test_the_oom_run_analysis_round_trips(runs: dict[str, tuple[Result, Path]]) -> None:
+    from mgprof.commands.report import analysis_data
+    from mgprof.records import read_run
+
+    _, run_dir = runs["oom"]
+    data, analysis = analysis_data(read_run(run_dir), run_dir)
+    assert "memory" in data and analysis.warnings == data["warnings"]
+    assert_round_trip(data)
+
+
+def assert_round_trip(data: dict[str, Any]) -> None:
+    import msgspec
+
+    from mgprof.analyze.run.schema import decode_analysis
+
+    back = msgspec.to_builtins(decode_analysis(data))
+    assert json.dumps(back) == json.dumps(data)
 
 
 def test_untracked_runs_have_no_memory_profile(cpu_run_dir: Path) -> None:
+    from mgprof.analyze.run.schema import given
     from mgprof.commands.report import build_analysis
     from mgprof.records import read_run
 
     run = read_run(cpu_run_dir)
     assert all(r.memory is not None and not r.memory.tracked for r in run.ranks)
     analysis = build_analysis(run, cpu_run_dir)
-    assert "memory" not in analysis
-    assert not any(f["rule"].startswith("memory_imb") for f in analysis["findings"])
+    assert given(analysis.memory) is None
+    assert not any(f.rule.startswith("memory_imb") for f in given(analysis.findings) or [])
 
 
 def test_a_cuda_snapshot_gives_the_profile_and_the_oom(tmp_path: Path) -> None:
@@ -157,3 +184,11 @@ def test_a_cuda_snapshot_gives_the_profile_and_the_oom(tmp_path: Path) -> None:
     assert profile["top_sites"][0]["site"].startswith("train.py:42")
     assert profile["fragmentation_mib"] is not None
     assert "failed" in profile["oom"]["text"]
+    # the snapshot shape of a profile and its OOM decode and encode back to the same JSON
+    import msgspec
+
+    from mgprof.analyze.run.schema import decode_analysis
+
+    typed = decode_analysis({"memory": analysis})
+    assert typed.warnings == []
+    assert json.dumps(msgspec.to_builtins(typed.memory)) == json.dumps(analysis)

@@ -28,6 +28,7 @@ from mgprof.analyze.run.noise_scale import (
     summarize_steps,
     sweep_noise_scale,
 )
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.analyze.sweep.result import Trial, summarize
 from mgprof.collect.noise_scale import ONE_RANK_REASON
 from mgprof.records import (
@@ -198,7 +199,10 @@ def test_section_measured_names_band_window_batch_and_caveats() -> None:
     local, avg = _expected(g2, trace, b), _expected(g2, trace, 2 * b)
     rec = _ddp_record([local] * 5, [avg] * 5, [b] * 5)
     run = RunRecord(world_size=2, strategy="ddp", ranks=[_rank(0, rec), _rank(1, rec)])
-    analysis = {"ranks": [], "job": {}, "noise_scale": noise_scale_analysis(run)}
+    figures = noise_scale_analysis(run)
+    analysis = decode_analysis({"noise_scale": figures})
+    # the measured block decodes and encodes back to the same JSON (key order included)
+    assert json.dumps(msgspec.to_builtins(analysis.noise_scale)) == json.dumps(figures)
     sec = noise_scale_section(analysis)
     assert sec is not None and sec.brief is None
     facts = dict(sec.facts)
@@ -216,11 +220,13 @@ def test_section_measured_names_band_window_batch_and_caveats() -> None:
 
 def test_section_not_measured_is_one_line_and_absent_for_old_analyses() -> None:
     run = RunRecord(ranks=[_rank(0, NoiseScaleRecord(reason=ONE_RANK_REASON))])
-    analysis = {"ranks": [], "job": {}, "noise_scale": noise_scale_analysis(run)}
+    figures = noise_scale_analysis(run)
+    analysis = decode_analysis({"noise_scale": figures})
+    assert json.dumps(msgspec.to_builtins(analysis.noise_scale)) == json.dumps(figures)
     sec = noise_scale_section(analysis)
     assert sec is not None and sec.brief == f"n/a: {ONE_RANK_REASON}"
-    assert noise_scale_section({"ranks": [], "job": {}}) is None
-    titles = [s.title for s in build_sections(run, {"ranks": [], "job": {}})]
+    assert noise_scale_section(RunAnalysis()) is None
+    titles = [s.title for s in build_sections(run, RunAnalysis())]
     assert "Gradient noise scale" not in titles
 
 
@@ -292,7 +298,7 @@ def test_sweep_json_round_trip_render_and_old_sweep_json(tmp_path: Path) -> None
 def test_sweep_chart_puts_b_simple_and_the_knee_on_one_chart() -> None:
     result = _sweep({64: 1000.0, 128: 1400.0, 256: 1700.0, 512: 1790.0}, 256.0)
     sweep = msgspec.to_builtins(result)
-    charts = chart_figures(RunRecord(), {"sweep": sweep})
+    charts = chart_figures(RunRecord(), decode_analysis({"sweep": sweep}))
     names = [t.get("name", "") for t in charts["chart-sweep"]["data"]]
     line = next(t for t in charts["chart-sweep"]["data"] if str(t["name"]).startswith("B_simple ≈"))
     assert line["x"] == [128.0, 128.0]  # global 256 on 2 devices: 128 per device

@@ -18,6 +18,7 @@ import pytest
 from mgprof.analyze.compare.precision_rows import tensor_core_share_of_gemm
 from mgprof.analyze.findings.compute import measured_precision
 from mgprof.analyze.run.precision import LOSS_DEVIATION_PCT, loss_check
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.analyze.tracefile.flop_estimate import PREC_FP32, PREC_REDUCED, leaf_gemm_time
 from tests._spawn import Result, clean_env, python_args, run_many
 
@@ -81,31 +82,36 @@ def test_leaf_gemm_time_counts_the_innermost_op_by_operand_dtype() -> None:
 
 
 def test_the_amp_finding_cites_the_measured_rows_of_its_strategy() -> None:
+    row = {"devices": 2, "status": "complete"}
     rows = [
-        {"strategy": "ddp", "precision": "fp32", "run": "a", "precision_speedup": None},
+        {**row, "strategy": "ddp", "precision": "fp32", "run": "a", "precision_speedup": None},
         {
+            **row,
             "strategy": "ddp",
             "precision": "bf16",
             "run": "b",
             "precision_speedup": 1.9,
             "peak_mem_change_pct": -31.2,
-            "loss_check": {"status": "ok"},
+            "loss_check": {"status": "ok", "detail": ""},
         },
         {
+            **row,
             "strategy": "ddp",
             "precision": "fp16",
             "run": "c",
             "precision_speedup": 2.1,
-            "loss_check": {"status": "non-finite"},
+            "loss_check": {"status": "non-finite", "detail": ""},
         },
-        {"strategy": "single", "precision": "bf16", "run": "d", "precision_speedup": 1.5},
+        {**row, "strategy": "single", "precision": "bf16", "run": "d", "precision_speedup": 1.5},
     ]
-    line = measured_precision({"comparison": {"rows": rows}}, "ddp")
+    analysis = decode_analysis({"comparison": {"rows": rows}})
+    assert analysis.warnings == []
+    line = measured_precision(analysis, "ddp")
     assert line == (
         "measured by mgprof compare: bf16 1.90x, memory -31 % (run b); "
         "fp16 2.10x, loss non-finite (run c)"
     )
-    assert measured_precision({}, "ddp") is None
+    assert measured_precision(RunAnalysis(), "ddp") is None
 
 
 def test_tensor_core_share_is_of_gemm_kernel_time_over_all_ranks() -> None:

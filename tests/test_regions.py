@@ -13,6 +13,7 @@ from rich.console import Console
 
 import mgprof
 from mgprof.analyze.run.regions import region_figures
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.collect.session.region_stats import RegionStats
 from mgprof.records import RegionRecord, StepRecord
 from mgprof.report.run.markdown import escape_md
@@ -100,7 +101,7 @@ def test_old_records_without_paths_are_top_level() -> None:
     assert rows[0].p95_ms is None and rows[0].mean_ms == 10.0
 
 
-def _analysis(n_ranks: int, name: str = "forward") -> dict[str, Any]:
+def _analysis(n_ranks: int, name: str = "forward") -> RunAnalysis:
     ranks = []
     for r in range(n_ranks):
         regions = [
@@ -112,7 +113,9 @@ def _analysis(n_ranks: int, name: str = "forward") -> dict[str, Any]:
              "share_pct": 24.0},
         ]  # fmt: skip
         ranks.append({"rank": r, "device": "cpu", "regions": regions})
-    return {"ranks": ranks, "job": {}}
+    analysis = decode_analysis({"ranks": ranks})
+    assert analysis.warnings == []
+    return analysis
 
 
 def _terminal(section: Any) -> str:
@@ -136,7 +139,7 @@ def test_section_per_rank_then_summarised_beyond_four_ranks() -> None:
     labels = [row[0] for row in many.tables[0].rows]
     assert labels[:2] == ["mean of 8", "max: 7"]  # rank 7 has the highest forward total
     assert many.tables[0].rows[1][3] == "107.00"
-    assert regions_section({"ranks": [{"rank": 0, "regions": []}]}) is None
+    assert regions_section(decode_analysis({"ranks": [{"rank": 0, "regions": []}]})) is None
 
 
 def test_region_names_are_text_in_every_format() -> None:

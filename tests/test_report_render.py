@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from mgprof.analyze.run.analysis import analyze_run
+from mgprof.analyze.run.schema import decode_analysis
 from mgprof.records import (
     DeviceInfo,
     MemoryRecord,
@@ -22,6 +23,7 @@ from mgprof.records import (
 from mgprof.report.run.as_json import run_to_json
 from mgprof.report.run.markdown import escape_md, run_to_markdown
 from mgprof.report.run.terminal import render_run
+from tests._analysis import trace_summary
 
 EVIL = "<img src=x onerror=alert(1)>"
 SECTIONS = (
@@ -39,14 +41,15 @@ SECTIONS = (
 
 
 def summary(path: Path) -> dict[str, Any]:
-    return {
-        "totals": {
+    return trace_summary(
+        kind="cpu",
+        totals={
             "window_us": 1000.0,
             "busy_pct": 50.0,
             "comm_pct": 20.0,
             "exposed_comm_pct": 5.0,
         },
-        "top_kernels": [
+        top_kernels=[
             {
                 "name": EVIL,
                 "count": 3,
@@ -69,7 +72,7 @@ def summary(path: Path) -> dict[str, Any]:
                 "kind": "compute",
             },
         ],
-        "collectives": [
+        collectives=[
             {
                 "type": "all_reduce",
                 "count": 2,
@@ -79,8 +82,7 @@ def summary(path: Path) -> dict[str, Any]:
                 "not_applicable": "bytes unknown",
             }
         ],
-        "not_applicable": {},
-    }
+    )
 
 
 def make(tmp_path: Path, **kw: Any) -> tuple[RunRecord, dict[str, Any]]:
@@ -105,7 +107,7 @@ def make(tmp_path: Path, **kw: Any) -> tuple[RunRecord, dict[str, Any]]:
 
 def terminal(run: RunRecord, analysis: dict[str, Any]) -> str:
     buf = io.StringIO()
-    render_run(run, analysis, Console(file=buf, width=120))
+    render_run(run, decode_analysis(analysis), Console(file=buf, width=120))
     return buf.getvalue()
 
 
@@ -144,22 +146,26 @@ def test_findings_rendered(tmp_path: Path) -> None:
     run, analysis = make(tmp_path)
     analysis["findings"] = [
         {
+            "id": "identical_batches",
+            "rule": "identical_batches",
             "severity": "high",
             "title": "Ranks train on the same data",
             "evidence": "4/4 steps",
+            "cause": "",
             "change": "use DistributedSampler",
+            "fix": [],
         }
     ]
     out = terminal(run, analysis)
     assert "Ranks train on the same data" in out and "use DistributedSampler" in out
     assert "no findings" not in out
-    md = run_to_markdown(run, analysis)
+    md = run_to_markdown(run, decode_analysis(analysis))
     assert "use DistributedSampler" in md
 
 
 def test_markdown_escapes_names_from_traces(tmp_path: Path) -> None:
     run, analysis = make(tmp_path)
-    md = run_to_markdown(run, analysis)
+    md = run_to_markdown(run, decode_analysis(analysis))
     assert EVIL not in md and "<img" not in md
     assert "&lt;img src=x onerror=alert(1)&gt;" in md
     assert "a\\|b" in md

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from mgprof.analyze.compare.scaling import Comparison, NotApplicable, Row
 from mgprof.analyze.run.analysis import analyze_run
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.analyze.sweep.result import SweepResult
 from mgprof.analyze.sweep.trials import Trial
 from mgprof.cli import main
@@ -47,6 +48,7 @@ from mgprof.report.run.summary_lines import summary_lines
 from mgprof.report.run.terminal import render_run
 from mgprof.report.sweep_view import render_sweep, sweep_to_json, sweep_to_markdown, trial_line
 from mgprof.run.finish import print_report
+from tests._analysis import trace_summary
 
 CLOSE_TAG = "[/x]"
 LINK_MARKUP = "[link=https://evil.example]x[/link]"
@@ -190,14 +192,14 @@ def trace_doc(names: list[str]) -> dict[str, Any]:
 
 def fake_summary(path: Path) -> dict[str, Any]:
     """What the trace engine would say: the hostile names as top kernels."""
-    return {
-        "totals": {"window_us": 1000.0, "busy_pct": 50.0, "comm_pct": 0.0},
-        "top_kernels": [
+    return trace_summary(
+        kind="cpu",
+        totals={"window_us": 1000.0, "busy_pct": 50.0, "comm_pct": 0.0},
+        top_kernels=[
             {"name": n, "count": 1, "total_us": 10.0, "pct_of_compute": 10.0, "kind": "compute"}
             for n in HOSTILE[:5]  # the report lists five per rank
         ],
-        "not_applicable": {},
-    }
+    )
 
 
 def hostile_run(**kw: Any) -> RunRecord:
@@ -237,24 +239,42 @@ def hostile_run(**kw: Any) -> RunRecord:
     return RunRecord(**base)
 
 
-def hostile_analysis(run: RunRecord, tmp_path: Path) -> dict[str, Any]:
+def hostile_data(run: RunRecord, tmp_path: Path) -> dict[str, Any]:
+    """The analysis dict, hostile names in every block a renderer shows."""
     (tmp_path / "rank0.json").write_text("{}")
     analysis = analyze_run(run, tmp_path, trace_analyzer=fake_summary)
     analysis["findings"] = [
         {
+            "id": "hostile",
             "severity": "high",
             "title": f"title {LINK_MARKUP}",
             "evidence": f"evidence {OSC8} {CLOSE_TAG}",
             "cause": f"cause {SCRIPT}",
             "change": f"change {CLEAR}",
+            "fix": [],
             "saving": f"saving {BIDI}",
             "rule": f"rule {CLOSE_SCRIPT}",
         }
     ]
     analysis["definitions"] = {f"def {CLOSE_TAG}": f"means {OSC8}"}
     analysis["comparison"] = {
-        "rows": [{"strategy": f"{CLOSE_SCRIPT}{SCRIPT}", "devices": 2, "samples_per_s": 5.0}]
+        "rows": [
+            {
+                "strategy": f"{CLOSE_SCRIPT}{SCRIPT}",
+                "devices": 2,
+                "run": f"run {SCRIPT}",
+                "status": "complete",
+                "samples_per_s": 5.0,
+            }
+        ]
     }
+    return analysis
+
+
+def hostile_analysis(run: RunRecord, tmp_path: Path) -> RunAnalysis:
+    """:func:`hostile_data` decoded, as the renderers read it."""
+    analysis = decode_analysis(hostile_data(run, tmp_path))
+    assert analysis.warnings == [] and analysis.findings and analysis.comparison
     return analysis
 
 
@@ -373,9 +393,7 @@ def write_hostile_run_dir(tmp_path: Path) -> Path:
     folder = tmp_path / EVIL_DIR
     folder.mkdir(parents=True)
     (folder / "rank0.json").write_text(json.dumps(trace_doc(HOSTILE)))
-    run = hostile_run(
-        analysis={"comparison": hostile_analysis(hostile_run(), tmp_path)["comparison"]}
-    )
+    run = hostile_run(analysis={"comparison": hostile_data(hostile_run(), tmp_path)["comparison"]})
     (folder / "run.json").write_bytes(encode_run(run))
     return folder
 

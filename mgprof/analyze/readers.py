@@ -1,12 +1,13 @@
-"""Tolerant readers for analysis dicts: "absent or of the wrong type" becomes None or empty.
+"""Tolerant readers for free-form dicts: "absent or of the wrong type" becomes None or empty.
 
-An analysis may come from a run.json written by another version, or edited by hand; renderers
-and rules read it through these so a surprise is a missing figure, never a crash.
+For what has no schema of its own: the sampler's facts and summaries in the records, trace
+summaries a custom trace engine returns, the dicts ``mgprof compare`` and ``mgprof diff`` read.
+The run analysis itself is read typed (``mgprof.analyze.run.schema.decode_analysis``): its
+renderers and finding rules read attributes, not keys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 
@@ -20,9 +21,3 @@ def num(value: Any) -> float | None:
 def as_dict(value: Any) -> dict[str, Any]:
     """``value`` when it is a dict, else an empty one."""
     return value if isinstance(value, dict) else {}
-
-
-def rank_dicts(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The per-rank entries of an analysis (``analysis["ranks"]``), dicts only."""
-    ranks = analysis.get("ranks")
-    return [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []

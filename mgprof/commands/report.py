@@ -9,9 +9,9 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mgprof.commands.analyze import add_definitions_flag
 from mgprof.commands.trace import (
@@ -23,7 +23,10 @@ from mgprof.commands.trace import (
 )
 from mgprof.errors import UsageError
 
-Renderer = Callable[[Any, Mapping[str, Any]], str]
+if TYPE_CHECKING:
+    from mgprof.analyze.run.schema import RunAnalysis
+
+Renderer = Callable[[Any, "RunAnalysis"], str]
 T = TypeVar("T")
 
 
@@ -40,10 +43,10 @@ def _html_renderer() -> Renderer | None:
 
 
 def _text_renderers() -> dict[str, Renderer]:
-    from mgprof.report.run.as_json import run_to_json
+    """md and html; json writes the analysis dict itself (``run_to_json``)."""
     from mgprof.report.run.markdown import run_to_markdown
 
-    renderers: dict[str, Renderer] = {"json": run_to_json, "md": run_to_markdown}
+    renderers: dict[str, Renderer] = {"md": run_to_markdown}
     html = _html_renderer()
     if html is not None:
         renderers["html"] = html
@@ -74,17 +77,21 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def build_analysis(run: Any, run_dir: Path) -> dict[str, Any]:
-    """Fresh figures and findings over whatever ``run.analysis`` already holds.
+def analysis_data(run: Any, run_dir: Path) -> tuple[dict[str, Any], RunAnalysis]:
+    """Fresh figures and findings over whatever ``run.analysis`` already holds: the dict (what
+    ``--format json`` writes) and the same analysis decoded once, for the renderers.
 
     Findings are evaluated again so a saved run gets the current rule set, never stale advice.
     """
-    from mgprof.analyze.findings import evaluate_findings
+    from mgprof.analyze.findings import with_findings
     from mgprof.analyze.run.analysis import analyze_run
 
-    analysis = {**(run.analysis or {}), **analyze_run(run, run_dir)}
-    analysis["findings"] = evaluate_findings(run, analysis)
-    return analysis
+    return with_findings(run, {**(run.analysis or {}), **analyze_run(run, run_dir)})
+
+
+def build_analysis(run: Any, run_dir: Path) -> RunAnalysis:
+    """The typed analysis ``mgprof report`` renders (:func:`analysis_data`)."""
+    return analysis_data(run, run_dir)[1]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if out is not None:
         check_out_path(out, force=force, inputs=_run_inputs(run_record, path, run_dir))
     with trace_size_override(getattr(args, "max_trace_size", None)), engine_env(args):
-        analysis = build_analysis(run_record, run_dir)
+        data, analysis = analysis_data(run_record, run_dir)
     if args.format == "term":
         from rich.console import Console
 
@@ -127,7 +134,12 @@ def run(args: argparse.Namespace) -> int:
 
         render_run(run_record, analysis, Console(), definitions=getattr(args, "definitions", False))
         return 0
-    text = _text_renderers()[args.format](run_record, analysis)
+    if args.format == "json":
+        from mgprof.report.run.as_json import run_to_json
+
+        text = run_to_json(run_record, data)
+    else:
+        text = _text_renderers()[args.format](run_record, analysis)
     code = _emit(text, out)
     if out is not None and args.format == "html" and not args.out:
         print(f"wrote {printable(str(out))}")

@@ -19,11 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.records import RankExit, RunRecord
 from mgprof.report.run.sections import Section, Table, build_sections
 
@@ -167,12 +166,10 @@ def failed(run: RunRecord) -> bool:
     return run.status != "complete" or bool(run.error)
 
 
-def _steps_recorded(run: RunRecord, analysis: Mapping[str, Any]) -> dict[int, int]:
+def _steps_recorded(run: RunRecord, analysis: RunAnalysis) -> dict[int, int]:
     steps = {r.rank: len(r.steps) for r in run.ranks}
-    for a in _ranks(analysis):  # a saved run's analysis may know ranks the record lacks
-        rank, total = a.get("rank"), a.get("steps_total")
-        if isinstance(rank, int) and isinstance(total, int):
-            steps.setdefault(rank, total)
+    for a in analysis.ranks:  # a saved run's analysis may know ranks the record lacks
+        steps.setdefault(a.rank, a.steps_total)
     return steps
 
 
@@ -224,7 +221,7 @@ def _first_rank(run: RunRecord, errors: Mapping[int, str | None]) -> tuple[int |
     return (with_tb[0] if len(with_tb) == 1 else None), ""
 
 
-def failure_summary(run: RunRecord, analysis: Mapping[str, Any]) -> FailureSummary | None:
+def failure_summary(run: RunRecord, analysis: RunAnalysis) -> FailureSummary | None:
     """The summary a failed or empty run's report opens with; None for a complete run."""
     if not failed(run):
         return None
@@ -279,9 +276,7 @@ def failure_summary(run: RunRecord, analysis: Mapping[str, Any]) -> FailureSumma
     return summary
 
 
-def sections_after(
-    summary: FailureSummary, run: RunRecord, analysis: Mapping[str, Any]
-) -> list[Section]:
+def sections_after(summary: FailureSummary, run: RunRecord, analysis: RunAnalysis) -> list[Section]:
     """The report's sections under a failure summary: Setup, without the error line and the
     ranks' tracebacks (the summary gives them) or an empty rank table; then the rest of the
     report only when enough steps were recorded (``full_report``)."""

@@ -15,13 +15,14 @@ once the interpreter is exiting (``@profile_step`` closes its session at exit).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
 
 from mgprof import rundir
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.atomic import write_text_atomic
 from mgprof.records import RunRecord
 
@@ -35,23 +36,28 @@ class ReportFiles(NamedTuple):
     run: RunRecord
     """The run with its ``analysis`` filled in, as now saved in run.json."""
     analysis: dict[str, Any]
+    """The analysis as saved (a dict)."""
     written: list[Path]
     """The report files written beside run.json, in order (report.md; report.html when plotly
     could render it)."""
+    typed: RunAnalysis
+    """The same analysis decoded (what the report files were rendered from)."""
+
+
+def _analysed(run: RunRecord, run_dir: Path | None) -> tuple[dict[str, Any], RunAnalysis]:
+    from mgprof.analyze.run.analysis import analyze_run
+
+    data = dict(analyze_run(run, run_dir))
+    try:
+        from mgprof.analyze.findings import with_findings
+    except ImportError:
+        return data, decode_analysis(data)
+    return with_findings(run, data)
 
 
 def analyze_with_findings(run: RunRecord, run_dir: Path | None) -> dict[str, Any]:
     """The run's figures (``analyze_run``) with its findings under ``"findings"``."""
-    from mgprof.analyze.run.analysis import analyze_run
-
-    analysis = dict(analyze_run(run, run_dir))
-    try:
-        from mgprof.analyze.findings import evaluate_findings
-
-        analysis["findings"] = evaluate_findings(run, analysis)
-    except ImportError:
-        pass
-    return analysis
+    return _analysed(run, run_dir)[0]
 
 
 def write_report_files(run_dir: Path, run: RunRecord) -> ReportFiles:
@@ -63,23 +69,26 @@ def write_report_files(run_dir: Path, run: RunRecord) -> ReportFiles:
     """
     from mgprof.report.run.markdown import run_to_markdown
 
-    analysis = analyze_with_findings(run, run_dir)
-    run = msgspec.structs.replace(run, analysis=analysis)
+    data, analysis = _analysed(run, run_dir)
+    run = msgspec.structs.replace(run, analysis=data)
     rundir.write_run(run_dir, run)
     written = [write_text_atomic(run_dir / REPORT_MD, run_to_markdown(run, analysis))]
     html = write_html_report(run_dir, run, analysis)
     if html is not None:
         written.append(html)
-    return ReportFiles(run, analysis, written)
+    return ReportFiles(run, data, written, analysis)
 
 
-def write_html_report(run_dir: Path, run: RunRecord, analysis: dict[str, Any]) -> Path | None:
+def write_html_report(
+    run_dir: Path, run: RunRecord, analysis: RunAnalysis | Mapping[str, Any]
+) -> Path | None:
     """report.html beside run.json; skipped (None) when plotly is missing, since the HTML report
-    is optional and the run itself must not fail for it."""
+    is optional and the run itself must not fail for it. A dict analysis (as stored) is decoded
+    first (``decode_analysis``)."""
     try:
         from mgprof.report.html.page import run_to_html
 
-        html = run_to_html(run, analysis)
+        html = run_to_html(run, decode_analysis(analysis))
     except ImportError:  # HtmlDependencyMissing is an ImportError too
         return None
     return write_text_atomic(run_dir / REPORT_HTML, html)

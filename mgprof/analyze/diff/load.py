@@ -40,14 +40,14 @@ def _load(path: Path, workers: int | None) -> _Loaded:
             "or a folder of torch.profiler traces"
         )
     if _is_run(path):
-        from mgprof.analyze.findings import evaluate_findings
+        from mgprof.analyze.findings import with_findings
         from mgprof.analyze.run.analysis import analyze_run
         from mgprof.records import read_run
 
         run = read_run(path)
         run_dir = path if os.path.isdir(path) else path.parent
-        analysis = {**(run.analysis or {}), **analyze_run(run, run_dir)}
-        analysis["findings"] = evaluate_findings(run, analysis)
+        # decoded once for the rules; the sides read the dict (with the findings) as stored
+        analysis, _typed = with_findings(run, {**(run.analysis or {}), **analyze_run(run, run_dir)})
         return _Loaded(str(path), run=run, analysis=analysis)
     from mgprof.analyze.trace.job import analyze_job, find_trace_files
 

@@ -1,13 +1,14 @@
 """Findings: advice drawn from a run's analysed figures, each backed by the numbers it rests on.
 
 Each rule is a small function ``(run, figures) -> Finding | None`` over the ``RunRecord`` and the
-dict ``analyze_run`` returns. A rule fires only on figures that were measured: a missing or None
-figure means "do not know", never "looks bad", so a CPU run or a run without traces gets no GPU
-advice. The rules live in one module per family (``strategy``, ``straggler``, ``data``,
-``compute``, ``memory``), each with its thresholds as named constants and the reason for their
-values; ``core`` holds the ``Finding`` type and the shared readers, ``fit`` what advice may assume
-about the device and the machine (CPU or GPU, cores per rank, DDP buckets, gradient sync). This
-module fixes the order the rules run in and evaluates them. The rule list and the advice are
+typed analysis (``mgprof.analyze.run.schema.RunAnalysis``). A rule fires only on figures that
+were measured: a missing or None figure means "do not know", never "looks bad", so a CPU run or
+a run without traces gets no GPU advice. The rules live in one module per family
+(``strategy``, ``straggler``, ``data``, ``compute``, ``memory``), each with its thresholds as
+named constants and the reason for their values; ``core`` holds the ``Finding`` type (defined
+with the analysis schema) and the shared readers, ``fit`` what advice may assume about the
+device and the machine (CPU or GPU, cores per rank, DDP buckets, gradient sync). This module
+fixes the order the rules run in and evaluates them. The rule list and the advice are
 documented in ``docs/findings.md``.
 """
 
@@ -46,6 +47,7 @@ from mgprof.analyze.findings.strategy import (
     exposed_communication,
     find_unused_parameters,
 )
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.records import RunRecord
 
 __all__ = [
@@ -53,6 +55,8 @@ __all__ = [
     "SEVERITY_ORDER",
     "Finding",
     "evaluate_findings",
+    "findings_of",
+    "with_findings",
 ]
 
 RULES: tuple[Rule, ...] = (
@@ -74,9 +78,9 @@ RULES: tuple[Rule, ...] = (
 """Every rule, in the order they are evaluated (the report orders findings by severity, then id)."""
 
 
-def evaluate_findings(run: RunRecord, analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every finding that fires, as JSON-ready dicts: most severe first, then by id, so two
-    evaluations of the same run give the same list in the same order.
+def findings_of(run: RunRecord, analysis: RunAnalysis) -> list[Finding]:
+    """Every finding that fires: most severe first, then by id, so two evaluations of the same
+    run give the same list in the same order.
 
     A rule that raises on malformed figures is skipped: findings are advice, and one bad figure
     in a run.json must not hide the report or the other findings.
@@ -90,4 +94,23 @@ def evaluate_findings(run: RunRecord, analysis: Mapping[str, Any]) -> list[dict[
         if finding is not None:
             found.append(finding)
     found.sort(key=sort_key)
-    return [msgspec.to_builtins(f) for f in found]
+    return found
+
+
+def evaluate_findings(
+    run: RunRecord, analysis: RunAnalysis | Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """:func:`findings_of` as JSON-ready dicts (what ``analysis["findings"]`` stores); a dict
+    analysis is decoded first (``decode_analysis``)."""
+    return [msgspec.to_builtins(f) for f in findings_of(run, decode_analysis(analysis))]
+
+
+def with_findings(run: RunRecord, data: Mapping[str, Any]) -> tuple[dict[str, Any], RunAnalysis]:
+    """The analysis decoded once (``decode_analysis``) with its findings evaluated on it: the
+    dict as stored in run.json (``data`` with ``"findings"`` set, in place when it had them) and
+    the typed analysis the renderers read."""
+    analysis = decode_analysis(data)
+    analysis.findings = findings_of(run, analysis)
+    out = dict(data)
+    out["findings"] = [msgspec.to_builtins(f) for f in analysis.findings]
+    return out, analysis

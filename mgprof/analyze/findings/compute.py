@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from mgprof.analyze.findings.core import Finding, _cuda_ranks, _trace_summaries, finding_id
 from mgprof.analyze.findings.fit import uses_gpu
-from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.schema import RunAnalysis, given
 from mgprof.records import RunRecord
 
 # --------------------------------------------------------------------------------------------
@@ -45,17 +43,17 @@ drop by half and the cause is physical (cooling, power supply), not a setting.""
 # Rules
 
 
-def low_utilisation(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def low_utilisation(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """GPUs idle much of the time (NVML utilisation, or trace busy on GPU traces)."""
     if not uses_gpu(run):
         return None
     cuda = {r.rank for r in _cuda_ranks(run)}
     low: list[tuple[float, int, str]] = []
-    for rank in _ranks(figures):
-        if rank.get("rank") not in cuda:
+    for rank in figures.ranks:
+        if rank.rank not in cuda:
             continue  # a CPU rank's busy share says nothing about a GPU
-        nvml = _num(rank.get("nvml_gpu_util_pct"))
-        busy = _num(rank.get("trace_busy_pct"))
+        nvml = rank.nvml_gpu_util_pct
+        busy = rank.trace_busy_pct
         readings = [
             (v, what) for v, what in ((nvml, "NVML"), (busy, "trace busy")) if v is not None
         ]
@@ -63,7 +61,7 @@ def low_utilisation(run: RunRecord, figures: Mapping[str, Any]) -> Finding | Non
             continue
         value, what = min(readings)
         if value < LOW_UTIL_PCT:
-            low.append((value, int(rank.get("rank", -1)), what))
+            low.append((value, rank.rank, what))
     if not low:
         return None
     worst, worst_rank, what = min(low)
@@ -107,32 +105,32 @@ def low_utilisation(run: RunRecord, figures: Mapping[str, Any]) -> Finding | Non
     )
 
 
-def _tensor_core_facts(figures: Mapping[str, Any], rank: int) -> tuple[float, float, int] | None:
+def _tensor_core_facts(figures: RunAnalysis, rank: int) -> tuple[float, float, int] | None:
     """(fp32 GEMM µs, all compute µs estimate, fp32 GEMM launches) summed over a rank's traces."""
     fp32_us = compute_us = 0.0
     kernels = 0
     seen = False
     for summary in _trace_summaries(figures, rank):
-        if summary.get("kind") not in (None, "gpu"):
+        if summary.kind != "gpu":
             continue
-        tc = _dict(summary.get("tensor_cores"))
-        fp_us, fp_pct = _num(tc.get("fp32_gemm_us")), _num(tc.get("fp32_gemm_pct"))
-        if fp_us is None or fp_pct is None:
+        tc = summary.tensor_cores
+        fp_us, fp_pct = tc.fp32_gemm_us, tc.fp32_gemm_pct
+        if fp_pct is None:
             continue
         seen = True
         fp32_us += fp_us
-        kernels += int(_num(tc.get("fp32_gemm_kernels")) or 0)
+        kernels += tc.fp32_gemm_kernels
         if fp_pct > 0:
             compute_us += fp_us * 100.0 / fp_pct
         else:
             # fp32 share zero: the compute total is tensor-core time over its share, if any.
-            tc_us, tc_pct = _num(tc.get("tensor_core_us")), _num(tc.get("tensor_core_pct"))
-            if tc_us is not None and tc_pct:
+            tc_us, tc_pct = tc.tensor_core_us, tc.tensor_core_pct
+            if tc_pct:
                 compute_us += tc_us * 100.0 / tc_pct
     return (fp32_us, compute_us, kernels) if seen else None
 
 
-def fp32_gemms(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def fp32_gemms(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """Matrix multiplies in FP32 on a GPU that has tensor cores, and no autocast in sight."""
     if not uses_gpu(run):
         return None
@@ -200,7 +198,7 @@ def _capability(text: str) -> float:
         return 0.0
 
 
-def clock_throttling(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def clock_throttling(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """NVML reported power or thermal clock reductions while the GPU was working."""
     if not uses_gpu(run):
         return None
@@ -274,25 +272,23 @@ def _throttle_text(rank: int, dev: Any, reasons: list[str], figs: dict[str, Any]
     return text
 
 
-def measured_precision(analysis: Mapping[str, Any], strategy: str) -> str | None:
+def measured_precision(analysis: RunAnalysis, strategy: str) -> str | None:
     """``measured by mgprof compare: bf16 1.90x, memory -31 %`` from the precision rows of
-    ``strategy`` in the comparison this run belongs to (``analysis["comparison"]``)."""
-    comparison = analysis.get("comparison")
-    rows = comparison.get("rows") if isinstance(comparison, Mapping) else None
+    ``strategy`` in the comparison this run belongs to (``analysis.comparison``)."""
+    table = given(analysis.comparison)
     parts = []
-    for row in rows if isinstance(rows, list) else []:
-        if not isinstance(row, Mapping) or row.get("strategy") != strategy:
+    for row in table.rows if table is not None else []:
+        if row.strategy != strategy:
             continue
-        speedup = _num(row.get("precision_speedup"))
-        if row.get("precision") not in ("bf16", "fp16") or speedup is None:
+        speedup = row.precision_speedup
+        if row.precision not in ("bf16", "fp16") or speedup is None:
             continue
-        text = f"{row['precision']} {speedup:.2f}x"
-        mem = _num(row.get("peak_mem_change_pct"))
+        text = f"{row.precision} {speedup:.2f}x"
+        mem = row.peak_mem_change_pct
         if mem is not None:
             text += f", memory {mem:+.0f} %"
-        check = row.get("loss_check")
-        status = check.get("status") if isinstance(check, Mapping) else None
+        status = row.loss_check.status if row.loss_check is not None else None
         if status in ("non-finite", "diverged"):
             text += f", loss {status}"
-        parts.append(f"{text} (run {row.get('run')})")
+        parts.append(f"{text} (run {row.run})")
     return "measured by mgprof compare: " + "; ".join(parts) if parts else None

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from mgprof.analyze.findings.core import (
-    Finding,
-    _facts,
-    _job,
-    _mean_step_ms,
-    _rank_list,
-    finding_id,
-)
+from mgprof.analyze.findings.core import Finding, _facts, _mean_step_ms, _rank_list, finding_id
 from mgprof.analyze.findings.fit import cores_per_rank, grad_sync_status, ranks_per_host, uses_gpu
-from mgprof.analyze.readers import num as _num
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.results import JobAnalysis
+from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.records import RunRecord
 
 # --------------------------------------------------------------------------------------------
@@ -31,14 +23,14 @@ DATALOADER_HIGH_PCT = 30.0
 # Rules
 
 
-def dataloader_stall(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def dataloader_stall(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """Steps waiting for the next batch: the input pipeline is slower than the model."""
     shares = [
-        (share, int(rank.get("rank", -1)), rank)
-        for rank in _ranks(figures)
-        if (share := _num(rank.get("dataloader_share_pct"))) is not None
+        (share, rank.rank, rank)
+        for rank in figures.ranks
+        if (share := rank.dataloader_share_pct) is not None
     ]
-    job_share = _num(_job(figures).get("dataloader_share_pct"))
+    job_share = figures.job.dataloader_share_pct if figures.job is not None else None
     if not shares:
         return None
     worst, worst_rank, rank = max(shares, key=lambda s: (s[0], -s[1]))
@@ -141,14 +133,13 @@ def _loader_advice(
     return out
 
 
-def identical_batches(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def identical_batches(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """Every rank trained on the same batches: N ranks doing one rank's worth of learning."""
-    job = _job(figures)
-    if job.get("identical_batches") is not True:
+    job = figures.job
+    if job is None or job.identical_batches is not True:
         return None
-    compared = int(_num(job.get("fingerprint_steps_compared")) or 0)
-    same = job.get("identical_batch_steps")
-    n_same = len(same) if isinstance(same, list) else compared
+    compared = job.fingerprint_steps_compared
+    n_same = len(job.identical_batch_steps)
     n_ranks = len(run.ranks)
     samplers = _facts(run, "distributed_sampler")
     evidence = (
@@ -217,7 +208,7 @@ _SYNC_EVIDENCE = {
 }
 
 
-def set_epoch_missing(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def set_epoch_missing(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """DistributedSampler without ``set_epoch``: the same shuffle every epoch."""
     samplers = _facts(run, "distributed_sampler")
     called = _facts(run, "set_epoch_called")
@@ -244,7 +235,7 @@ def set_epoch_missing(run: RunRecord, figures: Mapping[str, Any]) -> Finding | N
     )
 
 
-def _consequence(status: str | None, how: str, job: Mapping[str, Any]) -> str:
+def _consequence(status: str | None, how: str, job: JobAnalysis) -> str:
     """What identical batches cost depends on whether, and how, the ranks synchronised: say
     only what was measured (the analysis's grad_sync verdict)."""
     if status == "synchronised":
@@ -260,16 +251,9 @@ def _consequence(status: str | None, how: str, job: Mapping[str, Any]) -> str:
             "the same data, so the extra ranks add nothing."
         )
     if status == "partial":
-        sync = _job_sync(job)
-        ranks = sync.get("independent_ranks")
-        which = _rank_list(ranks) if isinstance(ranks, list) else "some"
+        ranks = job.grad_sync.independent_ranks if job.grad_sync is not None else []
         return (
-            f"; ranks {which} never synchronised gradients: they trained their own copies on the "
-            "same data."
+            f"; ranks {_rank_list(ranks)} never synchronised gradients: they trained their own "
+            "copies on the same data."
         )
     return "."
-
-
-def _job_sync(job: Mapping[str, Any]) -> Mapping[str, Any]:
-    sync = job.get("grad_sync")
-    return sync if isinstance(sync, Mapping) else {}

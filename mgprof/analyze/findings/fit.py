@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
 
-from mgprof.analyze.findings.core import _job
+from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.records import RunRecord
 
 DDP_DEFAULT_BUCKET_CAP_MB = 25.0
@@ -49,14 +47,12 @@ def cores_per_rank(run: RunRecord) -> int | None:
     return min(shares) if shares else None
 
 
-def grad_sync_status(figures: Mapping[str, Any]) -> tuple[str | None, str]:
+def grad_sync_status(analysis: RunAnalysis) -> tuple[str | None, str]:
     """(status, how) of the analysis's gradient-sync verdict; (None, "") when absent."""
-    sync = _job(figures).get("grad_sync")
-    if not isinstance(sync, Mapping):
+    sync = analysis.job.grad_sync if analysis.job is not None else None
+    if sync is None:
         return None, ""
-    status = sync.get("status")
-    how = sync.get("how")
-    return (status if isinstance(status, str) else None), (how if isinstance(how, str) else "")
+    return sync.status, sync.how or ""
 
 
 def ddp_buckets(run: RunRecord) -> tuple[float, float] | None:

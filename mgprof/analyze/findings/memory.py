@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from mgprof.analyze.findings.core import Finding, _cuda_ranks, finding_id
 from mgprof.analyze.findings.fit import uses_gpu
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.results import DevicePeaks, MemoryFigures
+from mgprof.analyze.run.schema import RunAnalysis, given
 from mgprof.records import RunRecord
 
 # --------------------------------------------------------------------------------------------
@@ -28,29 +26,34 @@ HEADROOM_HIGH_PCT = 50.0
 # Rules
 
 
-def _memory_rows(run: RunRecord, figures: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+_Memory = MemoryFigures | DevicePeaks
+"""A rank's memory figures, or one device's of a DataParallel rank."""
+
+
+def _headroom(mem: _Memory) -> float | None:
+    return given(mem.headroom_pct)
+
+
+def _memory_rows(run: RunRecord, figures: RunAnalysis) -> list[tuple[str, _Memory]]:
     """(label, memory figures) per CUDA device: each DataParallel device counts on its own."""
-    rows: list[tuple[str, dict[str, Any]]] = []
+    rows: list[tuple[str, _Memory]] = []
     if not uses_gpu(run):
         return rows
-    for rank in _ranks(figures):
-        mem = _dict(rank.get("memory"))
-        if mem.get("kind") != "cuda":
+    for rank in figures.ranks:
+        mem = rank.memory
+        if mem is None or mem.kind != "cuda":
             continue
-        per_device = _dict(mem.get("per_device"))
-        if per_device:
-            rows.extend(
-                (f"rank {rank.get('rank')} {k}", _dict(v)) for k, v in sorted(per_device.items())
-            )
+        if mem.per_device:
+            rows.extend((f"rank {rank.rank} {k}", v) for k, v in sorted(mem.per_device.items()))
         else:
-            rows.append((f"rank {rank.get('rank')} {rank.get('device', '')}".strip(), mem))
-    return [(label, m) for label, m in rows if _num(m.get("headroom_pct")) is not None]
+            rows.append((f"rank {rank.rank} {rank.device}".strip(), mem))
+    return [(label, m) for label, m in rows if _headroom(m) is not None]
 
 
-def _mem_text(label: str, mem: Mapping[str, Any], figs: dict[str, Any]) -> str:
+def _mem_text(label: str, mem: _Memory, figs: dict[str, Any]) -> str:
     """One device's headroom as text; its numbers go into ``figs[label]``."""
-    reserved, total = _num(mem.get("peak_reserved_mib")), _num(mem.get("total_mib"))
-    pct = _num(mem.get("headroom_pct")) or 0.0
+    reserved, total = given(mem.peak_reserved_mib), given(mem.total_mib)
+    pct = _headroom(mem) or 0.0
     text = f"{label}: {pct:.1f} % free"
     dev: dict[str, Any] = {"headroom_pct": pct}
     if reserved is not None and total is not None:
@@ -60,16 +63,14 @@ def _mem_text(label: str, mem: Mapping[str, Any], figs: dict[str, Any]) -> str:
     return text
 
 
-def memory_near_limit(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def memory_near_limit(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """Peak reserved memory close to the device total: the next longer input may OOM."""
     rows = _memory_rows(run, figures)
-    tight = [
-        (label, m) for label, m in rows if (_num(m.get("headroom_pct")) or 0) < HEADROOM_LOW_PCT
-    ]
+    tight = [(label, m) for label, m in rows if (_headroom(m) or 0) < HEADROOM_LOW_PCT]
     if not tight:
         return None
-    label, mem = min(tight, key=lambda r: _num(r[1].get("headroom_pct")) or 0.0)
-    pct = _num(mem.get("headroom_pct")) or 0.0
+    label, mem = min(tight, key=lambda r: _headroom(r[1]) or 0.0)
+    pct = _headroom(mem) or 0.0
     figs: dict[str, Any] = {
         "device": label,
         "headroom_pct": pct,
@@ -106,34 +107,32 @@ def memory_near_limit(run: RunRecord, figures: Mapping[str, Any]) -> Finding | N
     )
 
 
-def _largest_live(figures: Mapping[str, Any], label: str, figs: dict[str, Any]) -> str:
+def _largest_live(figures: RunAnalysis, label: str, figs: dict[str, Any]) -> str:
     """What the tightest device's rank held at its peak, from ``--memory`` tracking: the sites
     the change (checkpointing, a smaller micro-batch, bf16) would shrink. "" without it."""
     match = re.match(r"rank (\d+)", label)
     if match is None:
         return ""
     rank = int(match.group(1))
-    for p in _dict(figures.get("memory")).get("ranks") or []:
-        p = _dict(p)
-        if p.get("rank") != rank:
+    memory = given(figures.memory)
+    for p in memory.ranks if memory is not None else []:
+        if p.rank != rank:
             continue
-        sites = [_dict(s) for s in p.get("top_sites") or []][:3]
-        figs["live_sites_mib"] = [_num(s.get("mib")) for s in sites]
-        return ", ".join(
-            f"{s.get('site', '?')} {_num(s.get('mib')) or 0.0:,.1f} MiB" for s in sites
-        )
+        sites = (given(p.top_sites) or [])[:3]
+        figs["live_sites_mib"] = [s.mib for s in sites]
+        return ", ".join(f"{s.site} {s.mib or 0.0:,.1f} MiB" for s in sites)
     return ""
 
 
-def memory_headroom(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def memory_headroom(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """Most of every device unused: room for a larger batch, which usually raises throughput."""
     rows = _memory_rows(run, figures)
     if not rows or len(rows) < len(_cuda_ranks(run)):
         return None  # one unmeasured device might be the full one
-    if min(_num(m.get("headroom_pct")) or 0.0 for _, m in rows) <= HEADROOM_HIGH_PCT:
+    if min(_headroom(m) or 0.0 for _, m in rows) <= HEADROOM_HIGH_PCT:
         return None
-    label, mem = min(rows, key=lambda r: _num(r[1].get("headroom_pct")) or 0.0)
-    reserved, total = _num(mem.get("peak_reserved_mib")), _num(mem.get("total_mib"))
+    label, mem = min(rows, key=lambda r: _headroom(r[1]) or 0.0)
+    reserved, total = given(mem.peak_reserved_mib), given(mem.total_mib)
     batch = _batch_size(run)
     change = "raise the per-GPU batch size (scale the learning rate with it)"
     if batch is not None:
@@ -141,7 +140,7 @@ def memory_headroom(run: RunRecord, figures: Mapping[str, Any]) -> Finding | Non
     change += "; find the throughput sweet spot with `mgprof sweep`"
     figs: dict[str, Any] = {
         "device": label,
-        "headroom_pct": _num(mem.get("headroom_pct")),
+        "headroom_pct": _headroom(mem),
         "batch_size": batch,
         "threshold_headroom_pct": HEADROOM_HIGH_PCT,
     }

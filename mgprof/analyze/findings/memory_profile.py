@@ -4,13 +4,9 @@ and a fragmented CUDA cache. Both read ``analysis["memory"]`` (``mgprof.analyze.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from mgprof.analyze.findings.core import Finding, finding_id
 from mgprof.analyze.findings.fit import uses_gpu
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.schema import MemoryAnalysis, MemoryProfile, RunAnalysis, given
 from mgprof.records import RunRecord
 
 FRAGMENTED_PCT = 25.0
@@ -19,34 +15,32 @@ FRAGMENTED_MIB = 1024.0
 """...and at least 1 GiB of it: below that the waste is not worth a setting."""
 
 
-def _memory(figures: Mapping[str, Any]) -> dict[str, Any]:
-    return _dict(figures.get("memory"))
+def _memory(figures: RunAnalysis) -> MemoryAnalysis:
+    return given(figures.memory) or MemoryAnalysis()
 
 
-def _sites_text(profile: Mapping[str, Any], most: int = 3) -> str:
-    sites = [s for s in profile.get("top_sites") or [] if isinstance(s, dict)][:most]
-    return ", ".join(f"{s.get('site', '?')} {_num(s.get('mib')) or 0.0:,.0f} MiB" for s in sites)
+def _sites_text(profile: MemoryProfile | None, most: int = 3) -> str:
+    sites = (given(profile.top_sites) or [])[:most] if profile is not None else []
+    return ", ".join(f"{s.site} {s.mib or 0.0:,.0f} MiB" for s in sites)
 
 
-def memory_imbalance(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def memory_imbalance(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """One rank's peak memory far from the median of the ranks (``comparison.differs``)."""
-    comparison = _dict(_memory(figures).get("comparison"))
-    differs = _dict(comparison.get("differs"))
-    rank = differs.get("rank")
-    delta, pct = _num(differs.get("delta_mib")), _num(differs.get("delta_pct"))
-    if not isinstance(rank, int) or delta is None:
+    comparison = _memory(figures).comparison
+    differs = comparison.differs if comparison is not None else None
+    if comparison is None or differs is None:
         return None
-    basis = str(comparison.get("basis") or "peak memory")
-    profiles = [_dict(p) for p in _memory(figures).get("ranks") or []]
-    profile = next((p for p in profiles if p.get("rank") == rank), {})
+    rank, delta, pct = differs.rank, differs.delta_mib, differs.delta_pct
+    basis = comparison.basis or "peak memory"
+    profile = next((p for p in _memory(figures).ranks if p.rank == rank), None)
     sites = _sites_text(profile)
-    others = _num(differs.get("median_others_mib"))
+    others = differs.median_others_mib
     shown = f" ({pct:+.0f} %)" if pct is not None else ""
     evidence = (
         f"rank {rank}'s {basis} is {delta:,.1f} MiB{shown} above the median of the other ranks"
         + (f" ({others:,.1f} MiB)" if others is not None else "")
-        + f" (fires beyond {_num(comparison.get('threshold_pct')) or 10:.0f} % and "
-        f"{_num(comparison.get('threshold_mib')) or 16:,.0f} MiB)"
+        + f" (fires beyond {comparison.threshold_pct or 10:.0f} % and "
+        f"{comparison.threshold_mib or 16:,.0f} MiB)"
     )
     if sites:
         evidence += f"; live at its peak: {sites}"
@@ -74,27 +68,26 @@ def memory_imbalance(run: RunRecord, figures: Mapping[str, Any]) -> Finding | No
             "delta_pct": pct,
             "median_others_mib": others,
             "basis": basis,
-            "threshold_pct": _num(comparison.get("threshold_pct")) or 10.0,
-            "threshold_mib": _num(comparison.get("threshold_mib")) or 16.0,
+            "threshold_pct": comparison.threshold_pct or 10.0,
+            "threshold_mib": comparison.threshold_mib or 16.0,
             "sites_mib": [
-                _num(s.get("mib")) for s in [_dict(x) for x in profile.get("top_sites") or []][:3]
+                s.mib for s in ((given(profile.top_sites) or []) if profile is not None else [])[:3]
             ],
         },
     )
 
 
-def memory_fragmentation(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def memory_fragmentation(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """Much of the CUDA cache reserved but not allocated at the peak (allocator snapshots)."""
     if not uses_gpu(run):
         return None
     worst: tuple[int, float, float] | None = None
-    for p in _memory(figures).get("ranks") or []:
-        p = _dict(p)
-        frag, pct = _num(p.get("fragmentation_mib")), _num(p.get("fragmentation_pct"))
-        if frag is None or pct is None or not isinstance(p.get("rank"), int):
+    for p in _memory(figures).ranks:
+        frag, pct = given(p.fragmentation_mib), given(p.fragmentation_pct)
+        if frag is None or pct is None:
             continue
         if pct >= FRAGMENTED_PCT and frag >= FRAGMENTED_MIB and (worst is None or frag > worst[1]):
-            worst = (int(p["rank"]), frag, pct)
+            worst = (p.rank, frag, pct)
     if worst is None:
         return None
     rank, frag, pct = worst

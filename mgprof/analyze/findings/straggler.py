@@ -10,13 +10,11 @@ severity comes from the median per-step excess, which one outlier step does not 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 from mgprof.analyze.findings.core import Finding, finding_id
 from mgprof.analyze.findings.fit import cores_per_rank, ranks_per_host, uses_gpu
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.analyze.run.steps import steady_state_steps
 from mgprof.analyze.stats import mean, percentile
 from mgprof.records import RankRecord, RunRecord
@@ -96,7 +94,7 @@ class _Steps:
 # The rule
 
 
-def rank_imbalance(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def rank_imbalance(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """One rank consistently slower than the others, by more than the run's noise."""
     steps = _Steps(run)
     n = len(steps.common)
@@ -206,21 +204,20 @@ def _cause(run: RunRecord, rec: RankRecord, gpu: bool) -> str:
     return text + "."
 
 
-def _collective_waits(figures: Mapping[str, Any], figs: dict[str, Any]) -> str:
+def _collective_waits(figures: RunAnalysis, figs: dict[str, Any]) -> str:
     """Who arrived last at the traced collectives and how long the others waited."""
-    trace_job = _dict(_dict(figures.get("traces")).get("job"))
-    last = trace_job.get("slowest_rank")
-    if not isinstance(last, int):
+    trace_job = figures.traces.job
+    last = trace_job.slowest_rank if trace_job is not None else None
+    if trace_job is None or last is None:
         return ""
     text = f"; last to arrive at collectives: rank {last}"
     figs["last_to_arrive_rank"] = last
-    waits = _dict(trace_job.get("cross_rank")).get("per_rank")
+    waits = trace_job.cross_rank.per_rank if trace_job.cross_rank is not None else []
     wait_ms: dict[str, float] = {}
-    for w in waits if isinstance(waits, list) else []:
-        wait_us = _num(_dict(w).get("wait_us"))
-        if wait_us is not None and w.get("rank") != last:
-            text += f"; rank {w.get('rank')} waited {wait_us / 1000.0:,.2f} ms"
-            wait_ms[str(w.get("rank"))] = wait_us / 1000.0
+    for w in waits:
+        if w.rank != last:
+            text += f"; rank {w.rank} waited {w.wait_us / 1000.0:,.2f} ms"
+            wait_ms[str(w.rank)] = w.wait_us / 1000.0
     if wait_ms:
         figs["collective_wait_ms_by_rank"] = wait_ms
     return text

@@ -6,14 +6,11 @@ machine in ``fit``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from mgprof.analyze.findings.core import Finding, _facts, _mean_step_ms, _rank_list, finding_id
 from mgprof.analyze.findings.fit import ddp_buckets, device_word, grad_sync_status
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.schema import ComparisonRow, RunAnalysis, given
 from mgprof.analyze.stats import percentile
 from mgprof.records import RunRecord
 
@@ -32,7 +29,7 @@ EXPOSED_COMM_HIGH_PCT = 25.0
 # Rules
 
 
-def dataparallel_in_use(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def dataparallel_in_use(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """nn.DataParallel over several GPUs: one process, GIL-bound, device 0 does extra work."""
     if run.strategy != "dp":
         return None
@@ -41,16 +38,16 @@ def dataparallel_in_use(run: RunRecord, figures: Mapping[str, Any]) -> Finding |
         return None
     parts = [f"strategy dp over {devices} devices in one process"]
     figs: dict[str, Any] = {"devices": devices}
-    rank0 = next(iter(_ranks(figures)), {})
-    step_ms = _mean_step_ms(rank0)
+    rank0 = next(iter(figures.ranks), None)
+    step_ms = _mean_step_ms(rank0) if rank0 is not None else None
     if step_ms is not None:
         parts.append(f"mean step {step_ms:,.2f} ms")
         figs["mean_step_ms"] = step_ms
-    per_device = _dict(_dict(rank0.get("memory")).get("per_device"))
+    per_device = rank0.memory.per_device if rank0 is not None and rank0.memory else {}
     peaks = {
-        name: _num(_dict(v).get("peak_allocated_mib"))
+        name: peak
         for name, v in sorted(per_device.items())
-        if _num(_dict(v).get("peak_allocated_mib")) is not None
+        if (peak := given(v.peak_allocated_mib)) is not None
     }
     if len(peaks) >= 2:
         first = sorted(peaks)[0]
@@ -87,17 +84,15 @@ def dataparallel_in_use(run: RunRecord, figures: Mapping[str, Any]) -> Finding |
     )
 
 
-def _comparison_rows(figures: Mapping[str, Any]) -> list[dict[str, Any]]:
-    raw = figures.get("comparison")
-    if isinstance(raw, dict):
-        raw = raw.get("rows")
-    return [r for r in raw if isinstance(r, dict)] if isinstance(raw, list) else []
+def _comparison_rows(figures: RunAnalysis) -> list[ComparisonRow]:
+    table = given(figures.comparison)
+    return table.rows if table is not None else []
 
 
-def _ddp_saving(figures: Mapping[str, Any], figs: dict[str, Any]) -> str | None:
+def _ddp_saving(figures: RunAnalysis, figs: dict[str, Any]) -> str | None:
     """DDP vs DP throughput from ``mgprof compare``, when the run has a comparison."""
     rows = _comparison_rows(figures)
-    rate = {str(r.get("strategy")): _num(r.get("samples_per_s")) for r in rows}
+    rate = {r.strategy: r.samples_per_s for r in rows}
     dp, ddp = rate.get("dp"), rate.get("ddp")
     if dp is None or ddp is None or dp <= 0 or ddp <= dp:
         return None
@@ -108,12 +103,12 @@ def _ddp_saving(figures: Mapping[str, Any], figs: dict[str, Any]) -> str | None:
     )
 
 
-def exposed_communication(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def exposed_communication(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """Communication the compute does not hide: every rank waits for it each step."""
     shares = [
-        (pct, int(rank.get("rank", -1)), _dict(rank.get("comm")), rank)
-        for rank in _ranks(figures)
-        if (pct := _num(_dict(rank.get("comm")).get("exposed_comm_pct"))) is not None
+        (pct, rank.rank, rank.comm, rank)
+        for rank in figures.ranks
+        if rank.comm is not None and (pct := rank.comm.exposed_comm_pct) is not None
     ]
     if not shares:
         return None
@@ -121,8 +116,8 @@ def exposed_communication(run: RunRecord, figures: Mapping[str, Any]) -> Finding
     if median < EXPOSED_COMM_PCT:
         return None
     pct, worst_rank, comm, rank = max(shares, key=lambda s: (s[0], -s[1]))
-    exposed_ms = (_num(comm.get("exposed_comm_us")) or 0.0) / 1000.0
-    window_ms = (_num(comm.get("window_us")) or 0.0) / 1000.0
+    exposed_ms = comm.exposed_comm_us / 1000.0
+    window_ms = comm.window_us / 1000.0
     figs: dict[str, Any] = {
         "median_exposed_comm_pct": median,
         "ranks_measured": len(shares),
@@ -138,11 +133,11 @@ def exposed_communication(run: RunRecord, figures: Mapping[str, Any]) -> Finding
         f"ranks; fires ≥ {EXPOSED_COMM_PCT:.0f} %, high ≥ {EXPOSED_COMM_HIGH_PCT:.0f} %); "
         f"most on rank {worst_rank}: {pct:.1f} % ({exposed_ms:,.2f} ms of {window_ms:,.2f} ms)"
     )
-    overlap = _num(comm.get("comm_overlap_pct"))
+    overlap = comm.comm_overlap_pct
     if overlap is not None:
         evidence += f"; only {overlap:.1f} % of its communication overlaps compute"
         figs["comm_overlap_pct"] = overlap
-    busbw = _num(comm.get("busbw_gbps"))
+    busbw = comm.busbw_gbps
     if busbw is not None:
         evidence += f"; bus bandwidth {busbw:,.2f} GB/s"
         figs["busbw_gbps"] = busbw
@@ -181,7 +176,7 @@ class _Advice:
         self.fix: list[str] = []
 
 
-def _comm_advice(run: RunRecord, figures: Mapping[str, Any], figs: dict[str, Any]) -> _Advice:
+def _comm_advice(run: RunRecord, figures: RunAnalysis, figs: dict[str, Any]) -> _Advice:
     out = _Advice()
     status, how = grad_sync_status(figures)
     per = device_word(run)
@@ -242,12 +237,12 @@ def _comm_advice(run: RunRecord, figures: Mapping[str, Any], figs: dict[str, Any
     return out
 
 
-def find_unused_parameters(run: RunRecord, figures: Mapping[str, Any]) -> Finding | None:
+def find_unused_parameters(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """DDP(find_unused_parameters=True): an autograd-graph traversal every iteration."""
     flagged = sorted(r for r, v in _facts(run, "find_unused_parameters").items() if v is True)
     if not flagged or run.strategy != "ddp":
         return None
-    means = [m for r in _ranks(figures) if (m := _mean_step_ms(r)) is not None]
+    means = [m for r in figures.ranks if (m := _mean_step_ms(r)) is not None]
     evidence = (
         f"DistributedDataParallel(find_unused_parameters=True) on ranks {_rank_list(flagged)}"
     )

@@ -2,11 +2,13 @@
 memory headroom, data loading, slow ranks, identical batches and the gradient noise scale
 (``noise_scale``).
 
-Pure: a ``RunRecord`` (and the trace files beside it) in, a plain JSON-ready dict out. Every figure
-that cannot be computed is None with its reason in a ``not_applicable`` dict, and every figure's
-definition is named in ``definitions``, so a report never shows a made-up number. Trace analysis
-is delegated to ``mgprof.analyze.trace.summary``; its failures become reasons, never exceptions,
-because a broken trace must not hide the figures the step timer and sampler did record.
+Pure: a ``RunRecord`` (and the trace files beside it) in, a plain JSON-ready dict out, in the
+layout ``mgprof.analyze.run.schema.RunAnalysis`` describes (``decode_analysis`` reads it back).
+Every figure that cannot be computed is None with its reason in a ``not_applicable`` dict, and
+every figure's definition is named in ``definitions``, so a report never shows a made-up number.
+Trace analysis is delegated to ``mgprof.analyze.trace.summary``; its failures become reasons,
+never exceptions, because a broken trace must not hide the figures the step timer and sampler
+did record.
 
 This module is the entry point: it assembles the figures and re-exports the public names. The
 work lives in ``run_traces`` (trace files through the engine), ``run_rank_figures`` (per rank,
@@ -38,6 +40,7 @@ from mgprof.analyze.run.results import (
     RankAnalysis,
     StepTimeStats,
 )
+from mgprof.analyze.run.schema import ANALYSIS_VERSION
 from mgprof.analyze.run.steps import steady_state_steps, step_time_stats
 from mgprof.analyze.run.traces import TraceAnalyzer, analyze_traces
 from mgprof.records import RunRecord
@@ -58,9 +61,6 @@ __all__ = [
     "step_time_stats",
 ]
 
-ANALYSIS_VERSION = 1
-"""Version of the dict ``analyze_run`` returns (stored under ``run.json`` ``analysis``)."""
-
 
 def analyze_run(
     run: RunRecord,
@@ -68,7 +68,8 @@ def analyze_run(
     *,
     trace_analyzer: TraceAnalyzer | None = None,
 ) -> dict[str, Any]:
-    """All run figures as a plain, JSON-ready dict (see ``docs/reports.md`` for its layout).
+    """All run figures as a plain, JSON-ready dict: a ``RunAnalysis``
+    (``mgprof.analyze.run.schema``, documented in ``docs/reports.md``) without its findings.
 
     ``run_dir`` locates the trace files named in each rank record; without it the trace figures
     are not applicable. ``trace_analyzer`` replaces the trace engine (tests, other engines).

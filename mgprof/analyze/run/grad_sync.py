@@ -13,23 +13,26 @@ from typing import Literal
 
 import msgspec
 
-from mgprof.records import RankRecord, RunRecord
+from mgprof.records import AutoWrapRecord, RankRecord, RunRecord
 
 Status = Literal["synchronised", "independent", "partial", "unknown", "not applicable"]
 
 INDEPENDENT_LABEL = "independent replicas"
 
 
-class GradSync(msgspec.Struct, kw_only=True):
+class GradSync(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     """The run's verdict and the evidence behind it."""
 
     status: Status
+    """``synchronised``, ``independent`` (replicas that never synchronised), ``partial``,
+    ``unknown`` (records from an mgprof that did not count) or ``not applicable``."""
     how: str | None = None
     """``ddp`` / ``dp`` / ``script all_reduce``: what synchronised the gradients."""
     synced_ranks: list[int] = msgspec.field(default_factory=list)
     independent_ranks: list[int] = msgspec.field(default_factory=list)
     detail: str = ""
-    auto_wrap: dict[str, object] | None = None
+    """The evidence, in words."""
+    auto_wrap: AutoWrapRecord | None = None
     """Rank 0's auto-wrap record (what mgprof wrapped, or why it wrapped nothing)."""
 
 
@@ -51,7 +54,7 @@ def rank_sync(rec: RankRecord) -> str | None:
 def grad_sync(run: RunRecord) -> GradSync:
     """The verdict for ``run``: synchronised, independent replicas, partial, or unknown."""
     wrap = next((r.training.auto_wrap for r in run.ranks if r.training.auto_wrap), None)
-    auto = msgspec.to_builtins(wrap) if wrap is not None else None
+    auto = wrap
     if run.strategy == "single" or (run.strategy != "dp" and run.world_size < 2):
         return GradSync(
             status="not applicable", detail="one model replica: nothing to synchronise",
@@ -89,7 +92,7 @@ def grad_sync(run: RunRecord) -> GradSync:
             status="synchronised", how=how, synced_ranks=synced, detail=detail, auto_wrap=auto
         )
     if not synced:
-        reason = (auto or {}).get("reason") if auto else None
+        reason = auto.reason if auto else None
         detail = (
             "no rank ran a DDP or DataParallel forward or called all_reduce: each rank trained "
             "its own copy of the model, so their throughputs add up to no job's and there is "
@@ -118,6 +121,6 @@ def strategy_label(run: RunRecord, sync: GradSync) -> str:
         return f"{INDEPENDENT_LABEL} (launched as {run.strategy})"
     if sync.status == "partial":
         return f"{run.strategy} (partly unsynchronised)"
-    if sync.auto_wrap and sync.auto_wrap.get("wrapper"):
+    if sync.auto_wrap and sync.auto_wrap.wrapper:
         return f"{run.strategy} (auto-wrapped)"
     return run.strategy

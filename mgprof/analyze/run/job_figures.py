@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import msgspec
-
 from mgprof.analyze.readers import num as _float_or_none
 from mgprof.analyze.run.grad_sync import grad_sync, strategy_label
 from mgprof.analyze.run.results import JobAnalysis, RankAnalysis
@@ -25,7 +23,7 @@ def job_analysis(
         world_size=run.world_size,
         ranks_reported=len(run.ranks),
         strategy_label=strategy_label(run, sync),
-        grad_sync=msgspec.to_builtins(sync),
+        grad_sync=sync,
         missing_ranks=sorted(run.missing_ranks),
     )
     _job_throughput(run, ranks, job)
@@ -38,7 +36,7 @@ def job_analysis(
 
 
 def _job_throughput(run: RunRecord, ranks: Sequence[RankAnalysis], job: JobAnalysis) -> None:
-    if (job.grad_sync or {}).get("status") in ("independent", "partial"):
+    if job.grad_sync is not None and job.grad_sync.status in ("independent", "partial"):
         job.not_applicable["samples_per_s"] = (
             "the ranks did not train one model together (gradients not synchronised): "
             "their summed throughput is not a job's"

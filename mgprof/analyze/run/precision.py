@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -110,23 +110,43 @@ def precision_analysis(run: RunRecord) -> dict[str, Any] | None:
     }
 
 
-def setting_label(precision: Mapping[str, Any] | None) -> str:
+class PrecisionFacts(Protocol):
+    """What :func:`setting_label` reads (``mgprof.analyze.run.schema.PrecisionAnalysis``)."""
+
+    @property
+    def requested(self) -> str: ...
+    @property
+    def applied_ranks(self) -> list[int]: ...
+    @property
+    def not_applied_reason(self) -> str | None: ...
+    @property
+    def loss_scaling(self) -> str | None: ...
+    @property
+    def script_autocast(self) -> str | None: ...
+
+
+def setting_label(precision: PrecisionFacts | Mapping[str, Any] | None) -> str:
     """``bf16 autocast (mgprof)``, ``fp32 (autocast off at the model)``, with the script's
-    own setting named when mgprof replaced it."""
+    own setting named when mgprof replaced it. Takes the typed block or its dict."""
     if not precision:
         return "the script's own"
-    requested = precision.get("requested")
-    if not precision.get("applied_ranks"):
-        why = precision.get("not_applied_reason") or "the trained module was not found"
+    if isinstance(precision, Mapping):
+        requested, applied = precision.get("requested"), precision.get("applied_ranks")
+        reason, scaling = precision.get("not_applied_reason"), precision.get("loss_scaling")
+        own = precision.get("script_autocast")
+    else:
+        requested, applied = precision.requested, precision.applied_ranks
+        reason, scaling = precision.not_applied_reason, precision.loss_scaling
+        own = precision.script_autocast
+    if not applied:
+        why = reason or "the trained module was not found"
         return f"{requested} asked, not applied: {why}"
     text = "fp32 (autocast off at the model)" if requested == "fp32" else f"{requested} autocast"
     if requested == "fp16":
-        scaling = precision.get("loss_scaling")
         text += {
             "inserted": " + GradScaler (inserted by mgprof)",
             "script": " + the script's GradScaler",
         }.get(str(scaling), " without loss scaling (speed only)")
-    own = precision.get("script_autocast")
     if own:
         text += f"; replaces the script's own {own} autocast at the model"
     return text

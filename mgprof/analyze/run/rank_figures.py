@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from mgprof.analyze.readers import num as _float_or_none
 from mgprof.analyze.run.regions import region_figures
-from mgprof.analyze.run.results import DeviceUtil, MemoryFigures, RankAnalysis
+from mgprof.analyze.run.results import DevicePeaks, DeviceUtil, MemoryFigures, RankAnalysis
 from mgprof.analyze.run.steps import (
     dataloader_totals,
     steady_state_steps,
@@ -91,7 +93,8 @@ def _memory_figures(rank: RankRecord, out: RankAnalysis) -> None:
         if total is not None and reserved is not None and total > 0:
             row["headroom_mib"] = total - reserved
             row["headroom_pct"] = 100.0 * (total - reserved) / total
-        figures.per_device[name] = row
+        known = {k: row[k] for k in DevicePeaks.__struct_fields__ if k in row}
+        figures.per_device[name] = msgspec.convert(known, DevicePeaks)
     out.memory = figures
     cpu_only = "CPU run: no CUDA caching allocator"
     for key in ("peak_allocated_mib", "peak_reserved_mib", "total_mib", "peak_rss_mib"):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
+from msgspec import UNSET, UnsetType
+
+from mgprof.analyze.run.grad_sync import GradSync
 
 DEFINITIONS: dict[str, str] = {
     "regions": (
@@ -88,11 +89,13 @@ DEFINITIONS: dict[str, str] = {
 
 
 # --------------------------------------------------------------------------------------------
-# Result shapes (converted to plain dicts by ``analyze_run``)
+# Result shapes (converted to plain dicts by ``analyze_run``, read back by
+# ``mgprof.analyze.run.schema``; a field's docstring is its entry in docs/reports.md)
 
 
-class _Out(msgspec.Struct, kw_only=True):
-    """Base for result records: keyword-only so field order never matters to callers."""
+class _Out(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """Base for result records: keyword-only so field order never matters to callers; fields
+    added by newer versions are ignored when an older mgprof reads them back."""
 
 
 class StepTimeStats(_Out):
@@ -131,6 +134,25 @@ class RegionFigures(_Out):
     share_pct: float | None = None
 
 
+class CollectiveFigures(_Out):
+    """One collective type on one rank, summed over its trace files (counts, times and bytes
+    add; bandwidths are time-weighted means). A field the trace engine did not give is absent."""
+
+    type: str | UnsetType = UNSET
+    count: int | UnsetType = UNSET
+    total_us: float | UnsetType | None = UNSET
+    """None when one of the rank's files has no total (launch-only calls)."""
+    exposed_us: float | UnsetType | None = UNSET
+    bytes: int | UnsetType | None = UNSET
+    group_size: int | UnsetType | None = UNSET
+    algbw_gbps: float | UnsetType | None = UNSET
+    busbw_gbps: float | UnsetType | None = UNSET
+    not_applicable: str | UnsetType | None = UNSET
+    """Why the bandwidths are missing, when they are."""
+    sizes: list[list[int]] | UnsetType = UNSET
+    """``[bytes, calls]`` per distinct message size (first trace file), largest first."""
+
+
 class CommFigures(_Out):
     """A rank's communication time from its traces, summed over trace files."""
 
@@ -142,7 +164,19 @@ class CommFigures(_Out):
     comm_overlap_pct: float | None
     exposed_comm_pct: float | None
     busbw_gbps: float | None = None
-    collectives: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    collectives: dict[str, CollectiveFigures] = msgspec.field(default_factory=dict)
+    """Collective type -> its figures."""
+
+
+class DevicePeaks(_Out):
+    """One device of a rank (DataParallel drives several): the peaks the memory record has for
+    it, and its headroom when reserved and total are known. A field not recorded is absent."""
+
+    peak_allocated_mib: float | UnsetType | None = UNSET
+    peak_reserved_mib: float | UnsetType | None = UNSET
+    total_mib: float | UnsetType | None = UNSET
+    headroom_mib: float | UnsetType | None = UNSET
+    headroom_pct: float | UnsetType | None = UNSET
 
 
 class MemoryFigures(_Out):
@@ -155,7 +189,8 @@ class MemoryFigures(_Out):
     headroom_mib: float | None = None
     headroom_pct: float | None = None
     peak_rss_mib: float | None = None
-    per_device: dict[str, dict[str, float | None]] = msgspec.field(default_factory=dict)
+    per_device: dict[str, DevicePeaks] = msgspec.field(default_factory=dict)
+    """Device (``cuda:N``) -> its peaks and headroom."""
 
 
 class RankAnalysis(_Out):
@@ -164,28 +199,38 @@ class RankAnalysis(_Out):
     rank: int
     host: str = ""
     device: str = "cpu"
+    """``cuda:N`` or ``cpu``."""
     device_name: str | None = None
     devices_used: int = 1
+    """Devices the rank drove (DataParallel: several)."""
     steps_total: int = 0
+    """Steps the step timer recorded."""
     steps_measured: int = 0
+    """Steady-state steps the figures are over (``steady_state_steps``)."""
     step_time_ms: StepTimeStats | None = None
     samples_per_s: float | None = None
     sampler: str = "none"
+    """``nvml``, ``cpu`` or ``none``."""
     devices: list[DeviceUtil] = msgspec.field(default_factory=list)
     nvml_gpu_util_pct: float | None = None
     trace_busy_pct: float | None = None
     trace_files: list[str] = msgspec.field(default_factory=list)
+    """Relative to the run directory."""
     achieved_tflops: float | None = None
     peak_tflops: float | None = None
     peak_dtype: str | None = None
+    """The dtype of ``peak_tflops``: ``bf16``/``fp16`` when autocast was seen, else ``fp32``."""
     mfu_pct: float | None = None
     energy_j: float | None = None
     energy_per_sample_j: float | None = None
     comm: CommFigures | None = None
+    """From the rank's traces."""
     memory: MemoryFigures | None = None
     dataloader_share_pct: float | None = None
     regions: list[RegionFigures] = msgspec.field(default_factory=list)
+    """``mgprof.region`` timings in tree order (a region, then the regions nested in it)."""
     not_applicable: dict[str, str] = msgspec.field(default_factory=dict)
+    """Figure name -> why it is None."""
 
 
 class JobAnalysis(_Out):
@@ -197,9 +242,10 @@ class JobAnalysis(_Out):
     strategy_label: str | None = None
     """The strategy as it really ran: ``independent replicas (launched as ddp)`` when no rank
     synchronised gradients, ``ddp (auto-wrapped)`` when mgprof wrapped the model."""
-    grad_sync: dict[str, Any] | None = None
-    """``mgprof.analyze.run.grad_sync.GradSync``: status, how, ranks and the evidence."""
+    grad_sync: GradSync | None = None
+    """Whether the ranks synchronised gradients: status, how, ranks and the evidence."""
     missing_ranks: list[int] = msgspec.field(default_factory=list)
+    """Ranks of the world that sent no record."""
     samples_per_s: float | None = None
     energy_j: float | None = None
     energy_per_sample_j: float | None = None
@@ -207,12 +253,16 @@ class JobAnalysis(_Out):
     slowest_rank: int | None = None
     slowest_mean_step_ms: float | None = None
     slowest_rank_basis: str | None = None
+    """``last to arrive at collectives (traces)`` or ``highest mean step time``."""
     fastest_rank: int | None = None
     fastest_mean_step_ms: float | None = None
     step_time_spread_pct: float | None = None
     identical_batches: bool | None = None
     fingerprint_steps_compared: int = 0
     identical_batch_steps: list[int] = msgspec.field(default_factory=list)
+    """Step indices whose batch fingerprint was the same on every rank."""
     cpu_fallback: bool = False
     cpu_fallback_notice: str | None = None
+    """Why a CPU run says nothing about GPU performance, for the report's notice."""
     not_applicable: dict[str, str] = msgspec.field(default_factory=dict)
+    """Figure name -> why it is None."""

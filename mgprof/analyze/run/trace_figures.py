@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from mgprof.analyze.readers import num as _float_or_none
 from mgprof.analyze.run.device_peaks import device_peak_tflops
-from mgprof.analyze.run.results import CommFigures, RankAnalysis
+from mgprof.analyze.run.results import CollectiveFigures, CommFigures, RankAnalysis
 from mgprof.analyze.stats import ratio_pct
 from mgprof.records import RankRecord
 
@@ -140,8 +142,28 @@ def _comm_figures(summaries: Sequence[dict[str, Any]]) -> CommFigures | None:
         comm_overlap_pct=ratio_pct(comm - exposed, comm),
         exposed_comm_pct=ratio_pct(exposed, window),
         busbw_gbps=_busbw(collectives),
-        collectives=collectives,
+        collectives=_typed(collectives),
     )
+
+
+def _typed(collectives: dict[str, dict[str, Any]]) -> dict[str, CollectiveFigures]:
+    """The merged rows as records; a row another trace engine filled with values of the wrong
+    type keeps only what can be read (never an exception: the other figures must show)."""
+    out: dict[str, CollectiveFigures] = {}
+    for ctype, row in collectives.items():
+        known = {k: v for k, v in row.items() if k in CollectiveFigures.__struct_fields__}
+        try:
+            out[ctype] = msgspec.convert(known, CollectiveFigures)
+        except msgspec.ValidationError:
+            kept = {}
+            for key, value in known.items():
+                try:
+                    msgspec.convert({key: value}, CollectiveFigures)
+                except msgspec.ValidationError:
+                    continue
+                kept[key] = value
+            out[ctype] = msgspec.convert(kept, CollectiveFigures)
+    return out
 
 
 def _trace_flops(summary: dict[str, Any]) -> float | None:

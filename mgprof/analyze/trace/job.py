@@ -354,7 +354,7 @@ def analyze_job(
     why_not = _one_job(ranks)
     summary: CrossRankSummary | None = None
     if why_not is None:
-        summary = cross_rank({int(r.rank or 0): r.collective_calls for r in ranks})
+        summary = cross_rank({int(r.rank or 0): r.collective_calls or [] for r in ranks})
         if summary is None or summary.matched_calls == 0:
             why_not = "no collective call could be matched across the ranks"
     if why_not is not None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from msgspec import UNSET, UnsetType
 
 from mgprof.analyze import intervals as iv
 from mgprof.analyze.trace import breakdown as bd
@@ -221,7 +222,7 @@ class StepSummary(msgspec.Struct):
     not_applicable: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-class RankTraceSummary(msgspec.Struct):
+class RankTraceSummary(msgspec.Struct, kw_only=True):
     """Everything mgprof reports about one rank's trace file."""
 
     rank: int | None
@@ -237,7 +238,9 @@ class RankTraceSummary(msgspec.Struct):
     totals: TraceTotals
     steps: list[StepSummary]
     collectives: list[CollectiveStats]
-    collective_calls: list[CollectiveCall]
+    collective_calls: list[CollectiveCall] | UnsetType = UNSET
+    """One entry per call (for cross-rank matching); absent from the summaries a run analysis
+    stores (raw data, not figures)."""
     top_kernels: list[KernelStat]
     tensor_cores: TensorCoreFacts
     flops: FlopFacts

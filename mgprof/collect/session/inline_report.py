@@ -50,10 +50,11 @@ def report_run(
     written: list[str] = []
     with failopen.guard("report"):
         written = _write_report_files(run_dir, run, command)
+        from mgprof.analyze.run.schema import decode_analysis
         from mgprof.records import read_run
 
         run = read_run(run_dir)  # as saved: with its analysis
-        analysis = run.analysis
+        analysis = decode_analysis(run.analysis) if run.analysis is not None else None
     if quiet or _quiet_env():
         return run
     with failopen.guard("summary"):

@@ -9,12 +9,19 @@ carry ``meta: {"rank": N}`` so the page's rank selector can show that rank's lin
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.schema import (
+    ComparisonRow,
+    RunAnalysis,
+    Sweep,
+    SweepPoint,
+    decode_analysis,
+    given,
+)
+from mgprof.analyze.trace.summary import RankTraceSummary
 from mgprof.records import RunRecord
 from mgprof.report.html.text import label as _label
 from mgprof.report.html.view_model import rank_color
@@ -55,14 +62,18 @@ _BREAKDOWN_PARTS = (
 )
 
 
-def _window_shares(summaries: Sequence[Any]) -> dict[str, float] | None:
+def _window_shares(summaries: Sequence[RankTraceSummary]) -> dict[str, float] | None:
     """Time-weighted compute/exposed/idle shares (%) of a rank's trace windows."""
     sums = {"compute_pct": 0.0, "exposed_comm_pct": 0.0, "idle_pct": 0.0}
     window = 0.0
     for s in summaries:
-        t = _dict(_dict(s).get("totals"))
-        w = _num(t.get("window_us"))
-        values = {k: _num(t.get(k)) for k in sums}
+        t = s.totals
+        w = t.window_us
+        values = {
+            "compute_pct": t.compute_pct,
+            "exposed_comm_pct": t.exposed_comm_pct,
+            "idle_pct": t.idle_pct,
+        }
         if w is None or w <= 0 or any(v is None for v in values.values()):
             continue
         window += w
@@ -73,18 +84,18 @@ def _window_shares(summaries: Sequence[Any]) -> dict[str, float] | None:
     return {k: v / window for k, v in sums.items()}
 
 
-def _breakdown_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+def _breakdown_chart(analysis: RunAnalysis) -> dict[str, Any] | None:
     """Mean steady-state step time per rank, split by its trace window's shares."""
-    traces = _dict(_dict(analysis.get("traces")).get("ranks"))
+    traces = analysis.traces.ranks
     labels: list[str] = []
     parts: dict[str, list[float | None]] = {key: [] for key, _, _ in _BREAKDOWN_PARTS}
     untraced: list[float | None] = []
-    for rank in _ranks(analysis):
-        step_ms = _num(_dict(rank.get("step_time_ms")).get("mean"))
-        if step_ms is None:
+    for rank in analysis.ranks:
+        if rank.step_time_ms is None:
             continue
-        labels.append(_label(f"rank {rank.get('rank')}"))
-        shares = _window_shares(_list(traces.get(str(rank.get("rank")))))
+        step_ms = float(rank.step_time_ms.mean)
+        labels.append(_label(f"rank {rank.rank}"))
+        shares = _window_shares(traces.get(str(rank.rank), []))
         if shares is None:
             for key in parts:
                 parts[key].append(None)
@@ -112,10 +123,6 @@ def _breakdown_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
     lay = _layout("Step time breakdown per rank", "rank", "ms per step", barmode="stack")
     lay["legend"]["traceorder"] = "normal"
     return {"data": data, "layout": lay}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _series_chart(
@@ -165,30 +172,27 @@ def _series_chart(
     }
 
 
-def comparison_rows(analysis: Mapping[str, Any]) -> list[dict[str, Any]]:
-    raw = analysis.get("comparison")
-    if isinstance(raw, dict):
-        raw = raw.get("rows")
-    return [r for r in _list(raw) if isinstance(r, dict)]
+def comparison_rows(analysis: RunAnalysis) -> list[ComparisonRow]:
+    table = given(analysis.comparison)
+    return table.rows if table is not None else []
 
 
-def _peak(value: Any) -> float | None:
+def _peak(value: float | list[float | None] | dict[str, float | None] | None) -> float | None:
     """A peak memory figure that may be one number, a per-device list or a per-device dict."""
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, list):
-        nums = [n for n in (_num(v) for v in value) if n is not None]
+        nums = [float(v) for v in value if v is not None]
         return max(nums) if nums else None
-    return _num(value)
+    return None if value is None else float(value)
 
 
-def _comparison_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+def _comparison_chart(analysis: RunAnalysis) -> dict[str, Any] | None:
     rows = comparison_rows(analysis)
     points = [
         (
-            f"{r.get('strategy', '?')}{' ' + str(r['precision']) if r.get('precision') else ''} "
-            f"x{r.get('devices', '?')}",
-            _num(r.get("samples_per_s")),
+            f"{r.strategy}{' ' + str(r.precision) if r.precision else ''} x{r.devices}",
+            r.samples_per_s,
             r,
         )
         for r in rows
@@ -198,7 +202,7 @@ def _comparison_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     text = []
     for _, _, r in points:
-        speedup, eff = _num(r.get("speedup")), _num(r.get("efficiency"))
+        speedup, eff = r.speedup, r.efficiency
         bits = [f"{speedup:.2f}x" if speedup is not None else ""]
         if eff is not None:
             bits.append(f"efficiency {eff:.2f}")
@@ -221,51 +225,44 @@ def _comparison_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
 SWEEP_KEYS = ("batch_size", "samples_per_s", "peak_mem_mib", "comm_share_pct")
 
 
-def sweep_series(analysis: Mapping[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
-    """(name, points) per sweep series, whatever of the accepted shapes the sweep was stored in:
-    a list of points, ``{"series": points}``, ``{"series": [{"name", "points"}]}``, or columns."""
-    raw = analysis.get("sweep")
-    if isinstance(raw, dict) and "series" in raw:
-        raw = raw["series"]
-    if isinstance(raw, dict):
-        cols = {k: _list(raw.get(k)) for k in SWEEP_KEYS}
-        n = len(cols["batch_size"])
-        raw = [
-            {k: (cols[k][i] if i < len(cols[k]) else None) for k in SWEEP_KEYS} for i in range(n)
-        ]
-    items = [p for p in _list(raw) if isinstance(p, dict)]
-    if items and all(isinstance(p.get("points"), list) for p in items):
-        return [
-            (str(p.get("name", p.get("strategy", f"series {i + 1}"))), _points(p["points"]))
-            for i, p in enumerate(items)
-        ]
-    return [("sweep", _points(items))] if items else []
+def _sweep(analysis: RunAnalysis) -> Sweep:
+    return given(analysis.sweep) or Sweep()
 
 
-def _points(raw: Iterable[Any]) -> list[dict[str, Any]]:
-    pts = [p for p in raw if isinstance(p, dict) and _num(p.get("batch_size")) is not None]
-    return sorted(pts, key=lambda p: _num(p.get("batch_size")) or 0.0)
+def sweep_series(analysis: RunAnalysis) -> list[tuple[str, list[SweepPoint]]]:
+    """(name, points) per sweep series (``Sweep`` holds every shape a sweep was stored in), the
+    points with a batch size, in batch order."""
+    return [
+        (
+            series.name,
+            sorted(
+                (p for p in series.points if p.batch_size is not None),
+                key=lambda p: p.batch_size or 0.0,
+            ),
+        )
+        for series in _sweep(analysis).series
+    ]
 
 
-def _sweep_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+def _sweep_chart(analysis: RunAnalysis) -> dict[str, Any] | None:
     """Samples/s (and memory) per batch; with a noise scale in the sweep, B_simple (its band
     shaded) as a vertical line at its per-device equivalent, the hardware knee and the batch
     recommended with both marked, so the two limits are read on one chart."""
     data: list[dict[str, Any]] = []
-    all_pts: list[dict[str, Any]] = []
+    all_pts: list[SweepPoint] = []
     for name, pts in sweep_series(analysis):
         all_pts.extend(pts)
-        xs = [_num(p.get("batch_size")) for p in pts]
+        xs = [p.batch_size for p in pts]
         data.append(
             {
                 "type": "scatter",
                 "mode": "lines+markers",
                 "name": _label(f"{name}: samples/s"),
                 "x": xs,
-                "y": [_num(p.get("samples_per_s")) for p in pts],
+                "y": [p.samples_per_s for p in pts],
             }
         )
-        mem = [_peak(p.get("peak_mem_mib")) for p in pts]
+        mem = [_peak(p.peak_mem_mib) for p in pts]
         if any(m is not None for m in mem):
             data.append(
                 {
@@ -280,7 +277,7 @@ def _sweep_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
             )
     if not data:
         return None
-    data.extend(_noise_traces(_dict(analysis.get("sweep")), all_pts))
+    data.extend(_noise_traces(_sweep(analysis), all_pts))
     layout = _layout("Batch-size sweep", "batch size per device", "samples/s")
     layout["xaxis"] = {"title": {"text": "batch size per device"}, "type": "log"}
     layout["yaxis2"] = {
@@ -292,28 +289,20 @@ def _sweep_chart(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"data": data, "layout": layout}
 
 
-def _noise_traces(sweep: Mapping[str, Any], pts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _noise_traces(sweep: Sweep, pts: Sequence[SweepPoint]) -> list[dict[str, Any]]:
     """B_simple and its band at the per-device batch whose global batch equals them (global =
     per-device x devices x accumulation, read off the points), the knee and the recommendation."""
-    ns = _dict(sweep.get("noise_scale"))
-    est = _dict(ns.get("estimate"))
-    b_simple = _num(est.get("b_simple"))
-    rates = [
-        (b, r)
-        for p in pts
-        if (b := _num(p.get("batch_size"))) and (r := _num(p.get("samples_per_s"))) is not None
-    ]
-    factors = [
-        g / b
-        for p in pts
-        if (g := _num(p.get("global_batch"))) and (b := _num(p.get("batch_size")))
-    ]
-    if b_simple is None or not rates or not factors:
+    ns = sweep.noise_scale
+    est = ns.estimate if ns is not None else None
+    b_simple = est.b_simple if est is not None else None
+    rates = [(b, r) for p in pts if (b := p.batch_size) and (r := p.samples_per_s) is not None]
+    factors = [g / b for p in pts if (g := p.global_batch) and (b := p.batch_size)]
+    if ns is None or est is None or b_simple is None or not rates or not factors:
         return []
     factor = factors[0]
     top = max(r for _, r in rates) * 1.05
     out: list[dict[str, Any]] = []
-    low, high = _num(est.get("band_low")), _num(est.get("band_high"))
+    low, high = est.band_low, est.band_high
     if low is not None and high is not None and high > low:
         # a band reaching 0 would stretch the log axis to nothing: start it below the points
         lo = max(low / factor, min(b for b, _ in rates) / 4)
@@ -343,11 +332,10 @@ def _noise_traces(sweep: Mapping[str, Any], pts: Sequence[dict[str, Any]]) -> li
         }
     )
     by_batch = dict(rates)
-    for key, label, symbol in (
-        ("knee_batch", "hardware knee (sweet spot)", "diamond"),
-        ("recommended_batch", "recommended (knee and B_simple)", "star"),
+    for batch, label, symbol in (
+        (ns.knee_batch, "hardware knee (sweet spot)", "diamond"),
+        (ns.recommended_batch, "recommended (knee and B_simple)", "star"),
     ):
-        batch = _num(ns.get(key))
         if batch is not None and batch in by_batch:
             out.append(
                 {
@@ -355,15 +343,19 @@ def _noise_traces(sweep: Mapping[str, Any], pts: Sequence[dict[str, Any]]) -> li
                     "mode": "markers",
                     "marker": {"size": 14, "symbol": symbol},
                     "name": label,
-                    "x": [batch],
+                    "x": [float(batch)],
                     "y": [by_batch[batch]],
                 }
             )
     return out
 
 
-def chart_figures(run: RunRecord, analysis: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Chart id -> Plotly figure, only for charts the run has data for."""
+def chart_figures(
+    run: RunRecord, analysis: RunAnalysis | Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Chart id -> Plotly figure, only for charts the run has data for (an analysis dict is
+    decoded first, ``decode_analysis``)."""
+    analysis = decode_analysis(analysis)
     charts = {
         "chart-step-breakdown": _breakdown_chart(analysis),
         "chart-utilisation": _series_chart(

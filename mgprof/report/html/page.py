@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import failure_summary, sections_after
@@ -63,11 +64,13 @@ def plotly_js() -> str:
     return _plotly_js()
 
 
-def run_to_html(run: RunRecord, analysis: Mapping[str, Any]) -> str:
+def run_to_html(run: RunRecord, analysis: RunAnalysis | Mapping[str, Any]) -> str:
     """The run report as one offline HTML document with views, interactive charts and tables.
 
     Raises :class:`HtmlDependencyMissing` (a UsageError naming the pip command) without plotly.
+    An analysis dict (``analyze_run``'s, run.json's) is decoded first (``decode_analysis``).
     """
+    analysis = decode_analysis(analysis)
     plotly_js = _plotly_js()
     summary = failure_summary(run, analysis)
     brief = summary is not None and not summary.full_report

@@ -7,12 +7,12 @@ passed in by id.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.schema import ComparisonRow, RunAnalysis, SweepPoint, given
 from mgprof.report.failure_summary import FailureSummary
-from mgprof.report.html.charts import SWEEP_KEYS, comparison_rows, sweep_series
+from mgprof.report.html.charts import comparison_rows, sweep_series
 from mgprof.report.html.text import esc as _esc
 from mgprof.report.run.sections import Section, Table
 
@@ -27,10 +27,6 @@ __all__ = [
     "sweep_section",
     "table_html",
 ]
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def table_html(table: Table) -> str:
@@ -97,34 +93,40 @@ def failure_html(summary: FailureSummary) -> str:
     return "".join(out)
 
 
-def findings_html(analysis: Mapping[str, Any]) -> str:
+def findings_html(analysis: RunAnalysis) -> str:
     """Every finding with all its keys (the shared section keeps only the short form)."""
     items = []
-    for f in _list(analysis.get("findings")):
-        if not isinstance(f, dict):
-            continue
-        severity = str(f.get("severity", "info"))
+    for f in given(analysis.findings) or []:
+        severity = f.severity
         sev_class = severity if severity in ("high", "medium", "low", "info") else "info"
+        fields: tuple[tuple[str, str, Any], ...] = (
+            ("evidence", "evidence", f.evidence),
+            ("cause", "cause", f.cause),
+            ("change", "change", f.change),
+            ("fix", "fix", f.fix),
+            ("could save", "saving", f.saving),
+        )
         rows = [
-            (label, _finding_text(f.get(key)))
-            for label, key in (
-                ("evidence", "evidence"),
-                ("cause", "cause"),
-                ("change", "change"),
-                ("fix", "fix"),
-                ("could save", "saving"),
-            )
-            if f.get(key) and not (key == "fix" and f.get(key) == f.get("change"))
+            (label, _finding_text(value))
+            for label, key, value in fields
+            if value and not (key == "fix" and value == f.change)
         ]
         body = "".join(f"<dt>{_esc(label)}</dt><dd>{_esc(value)}</dd>" for label, value in rows)
-        tag = f.get("rule") or f.get("id")
+        tag = f.rule or f.id
         rule = f' <span class="rule">{_esc(tag)}</span>' if tag else ""
         items.append(
             f'<li class="finding {sev_class}"><div class="head">'
-            f'<span class="sev">{_esc(severity)}</span> {_esc(f.get("title", ""))}{rule}</div>'
+            f'<span class="sev">{_esc(severity)}</span> {_esc(f.title)}{rule}</div>'
             f"<dl>{body}</dl></li>"
         )
     return f'<ul class="findings">{"".join(items)}</ul>' if items else ""
+
+
+def _number(value: Any) -> float | None:
+    """A real number as float; None for anything else (None, bool, text)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def _finding_text(value: Any) -> str:
@@ -133,14 +135,14 @@ def _finding_text(value: Any) -> str:
         return "; ".join(f"{k}: {_finding_text(v)}" for k, v in value.items())
     if isinstance(value, list):
         return "; ".join(_finding_text(v) for v in value)
-    num = _num(value)
+    num = _number(value)
     if num is not None and not isinstance(value, int):
         return f"{num:,.4g}"
     return str(value)
 
 
 def _fmt(value: Any) -> str:
-    num = _num(value)
+    num = _number(value)
     if num is not None:
         return f"{num:,.2f}"
     if isinstance(value, dict):
@@ -150,9 +152,13 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _rows_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Table:
-    table = Table(list(columns), numeric_from=1)
-    table.rows = [[_fmt(r.get(c)) for c in columns] for r in rows]
+Column = tuple[str, Callable[[Any], Any]]
+"""A table column: its header and what it shows of a row."""
+
+
+def _rows_table(rows: Sequence[Any], columns: Sequence[Column]) -> Table:
+    table = Table([name for name, _ in columns], numeric_from=1)
+    table.rows = [[_fmt(pick(r)) for _, pick in columns] for r in rows]
     return table
 
 
@@ -161,54 +167,64 @@ def chart_div(chart_id: str, charts: Mapping[str, Any]) -> str:
     return f'<div class="chart" id="{chart_id}"></div>' if chart_id in charts else ""
 
 
-def comparison_section(analysis: Mapping[str, Any], charts: Mapping[str, Any]) -> str:
+_COMPARISON: tuple[tuple[str, Callable[[ComparisonRow], Any]], ...] = (
+    ("strategy", lambda r: r.strategy),
+    ("devices", lambda r: r.devices),
+    ("step_time_ms", lambda r: r.step_time_ms),
+    ("samples_per_s", lambda r: r.samples_per_s),
+    ("speedup", lambda r: r.speedup),
+    ("efficiency", lambda r: r.efficiency),
+    ("comm_share_pct", lambda r: r.comm_share_pct),
+    ("peak_mem_mib", lambda r: r.peak_mem_mib),
+)
+_PRECISION: tuple[tuple[str, Callable[[ComparisonRow], Any]], ...] = (
+    ("strategy", lambda r: r.strategy),
+    ("precision", lambda r: r.precision),
+    ("precision_setting", lambda r: r.precision_setting),
+    ("precision_speedup", lambda r: r.precision_speedup),
+    ("peak_mem_change_pct", lambda r: r.peak_mem_change_pct),
+    ("reduced_gemm_pct", lambda r: r.reduced_gemm_pct),
+    ("tensor_core_pct", lambda r: r.tensor_core_pct),
+    ("mfu_pct", lambda r: r.mfu_pct),
+    ("loss_status", lambda r: _loss_status(r)),
+)
+
+
+def comparison_section(analysis: RunAnalysis, charts: Mapping[str, Any]) -> str:
     rows = comparison_rows(analysis)
     if not rows:
         return ""
-    cols = (
-        "strategy",
-        "devices",
-        "step_time_ms",
-        "samples_per_s",
-        "speedup",
-        "efficiency",
-        "comm_share_pct",
-        "peak_mem_mib",
-    )
-    tables = [_rows_table(rows, cols)]
-    if any(r.get("precision") for r in rows):
-        precision_cols = (
-            "strategy",
-            "precision",
-            "precision_setting",
-            "precision_speedup",
-            "peak_mem_change_pct",
-            "reduced_gemm_pct",
-            "tensor_core_pct",
-            "mfu_pct",
-            "loss_status",
-        )
-        flat = [{**r, "loss_status": _loss_status(r)} for r in rows]
-        tables.append(_rows_table(flat, precision_cols))
+    tables = [_rows_table(rows, _COMPARISON)]
+    if any(r.precision for r in rows):
+        tables.append(_rows_table(rows, _PRECISION))
     return section_html(
         Section("Strategy comparison", tables=tables), chart_div("chart-comparison", charts)
     )
 
 
-def _loss_status(row: Mapping[str, Any]) -> str | None:
+def _loss_status(row: ComparisonRow) -> str | None:
     """``ok: within 0.5 % of the baseline's loss ...`` (the precision row's loss check)."""
-    check = row.get("loss_check")
-    if not isinstance(check, Mapping):
-        return "baseline" if row.get("precision") == row.get("precision_baseline") else None
-    return f"{check.get('status')}: {check.get('detail')}"
+    check = row.loss_check
+    if check is None:
+        return "baseline" if row.precision == row.precision_baseline else None
+    return f"{check.status}: {check.detail}"
 
 
-def sweep_section(analysis: Mapping[str, Any], charts: Mapping[str, Any]) -> str:
+_SWEEP: tuple[tuple[str, Callable[[tuple[str, SweepPoint]], Any]], ...] = (
+    ("series", lambda r: r[0]),
+    ("batch_size", lambda r: r[1].batch_size),
+    ("samples_per_s", lambda r: r[1].samples_per_s),
+    ("peak_mem_mib", lambda r: r[1].peak_mem_mib),
+    ("comm_share_pct", lambda r: r[1].comm_share_pct),
+)
+
+
+def sweep_section(analysis: RunAnalysis, charts: Mapping[str, Any]) -> str:
     series = sweep_series(analysis)
     if not series:
         return ""
-    rows = [{"series": name, **p} for name, pts in series for p in pts]
-    table = _rows_table(rows, ("series", *SWEEP_KEYS))
+    rows = [(name, p) for name, pts in series for p in pts]
+    table = _rows_table(rows, _SWEEP)
     return section_html(
         Section("Batch-size sweep", tables=[table]), chart_div("chart-sweep", charts)
     )

@@ -9,17 +9,20 @@ the selected rank). A table spec holds typed columns and raw rows (cells are set
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.results import JobAnalysis, RankAnalysis
+from mgprof.analyze.run.schema import RunAnalysis
+from mgprof.analyze.trace.cross_rank import CrossRankSummary
+from mgprof.analyze.trace.summary import RankTraceSummary
 from mgprof.records import RunRecord
 from mgprof.report.html.text import esc
 
 __all__ = ["Col", "Context", "View", "figure_spec", "ms", "rank_color", "rounded"]
+
+T = TypeVar("T")
 
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
@@ -54,16 +57,23 @@ def figure_spec(
     return spec
 
 
-def rounded(value: Any, digits: int = 3) -> float | None:
+def _number(value: Any) -> float | None:
+    """A real number as float; None for anything else (None, bool)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def rounded(value: float | None, digits: int = 3) -> float | None:
     """A number rounded for the page's data (ms to the µs by default: the JSON stays small and
-    loses nothing the page shows); None for anything that is not a number."""
-    num = _num(value)
+    loses nothing the page shows); None stays None."""
+    num = _number(value)
     return None if num is None else round(num, digits)
 
 
-def ms(us: Any) -> float | None:
+def ms(us: float | None) -> float | None:
     """Microseconds as milliseconds; None stays None."""
-    value = _num(us)
+    value = _number(us)
     return None if value is None else value / 1000.0
 
 
@@ -139,54 +149,44 @@ class Context:
     """The run, its analysis and the per-rank trace summaries, read once for every view."""
 
     run: RunRecord
-    analysis: Mapping[str, Any]
+    analysis: RunAnalysis
     ranks: list[int]
-    summaries: dict[int, list[dict[str, Any]]]
+    summaries: dict[int, list[RankTraceSummary]]
 
     @classmethod
-    def of(cls, run: RunRecord, analysis: Mapping[str, Any]) -> Context:
-        traces = _dict(_dict(analysis.get("traces")).get("ranks"))
-        summaries: dict[int, list[dict[str, Any]]] = {}
-        for key, value in traces.items():
+    def of(cls, run: RunRecord, analysis: RunAnalysis) -> Context:
+        summaries: dict[int, list[RankTraceSummary]] = {}
+        for key, items in analysis.traces.ranks.items():
             rank = _int(key)
-            items = [s for s in value if isinstance(s, dict)] if isinstance(value, list) else []
             if rank is not None and items:
                 summaries[rank] = items
         ranks = {r.rank for r in run.ranks} | set(summaries)
-        ranks |= {r for r in (_int(d.get("rank")) for d in _ranks(analysis)) if r is not None}
+        ranks |= {d.rank for d in analysis.ranks}
         return cls(run, analysis, sorted(ranks), summaries)
 
-    def rank_dicts(self) -> list[dict[str, Any]]:
+    def rank_figures(self) -> list[RankAnalysis]:
         """The analysis' per-rank entries, in rank order."""
-        return sorted(_ranks(self.analysis), key=lambda d: _int(d.get("rank")) or 0)
+        return sorted(self.analysis.ranks, key=lambda d: d.rank)
 
-    def job(self) -> dict[str, Any]:
-        return _dict(self.analysis.get("job"))
+    def job(self) -> JobAnalysis | None:
+        return self.analysis.job
 
-    def cross_rank(self) -> dict[str, Any]:
-        return _dict(_dict(_dict(self.analysis.get("traces")).get("job")).get("cross_rank"))
+    def cross_rank(self) -> CrossRankSummary | None:
+        job = self.analysis.traces.job
+        return job.cross_rank if job is not None else None
 
-    def items(self, key: str) -> dict[int, list[dict[str, Any]]]:
-        """Rank -> the dict entries of list ``key`` over its trace summaries (files in order)."""
-        out: dict[int, list[dict[str, Any]]] = {}
+    def items(self, pick: Callable[[RankTraceSummary], Sequence[T]]) -> dict[int, list[T]]:
+        """Rank -> the entries ``pick`` takes from each of its trace summaries (files in
+        order); ranks with none left out."""
+        out: dict[int, list[T]] = {}
         for rank, summaries in self.summaries.items():
-            rows = [
-                row
-                for s in summaries
-                if isinstance(s.get(key), list)
-                for row in s[key]
-                if isinstance(row, dict)
-            ]
+            rows = [row for s in summaries for row in pick(s)]
             if rows:
                 out[rank] = rows
         return out
 
 
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+def _int(value: str) -> int | None:
+    if value.strip().lstrip("-").isdigit():
         return int(value)
     return None

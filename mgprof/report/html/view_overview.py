@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.schema import given
 from mgprof.analyze.timeline.build import DEFAULT_NAME, clock_line, read_timeline_facts
+from mgprof.analyze.trace.summary import RankTraceSummary, StepSummary
 from mgprof.report.html.charts import layout
 from mgprof.report.html.text import esc
 from mgprof.report.html.view_model import Context, View, figure_spec, rounded
@@ -32,11 +32,11 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _parts_ms(step: Mapping[str, Any]) -> dict[str, float] | None:
+def _parts_ms(step: StepSummary) -> dict[str, float] | None:
     """A traced step's window split into the breakdown parts, in ms (they sum to the window)."""
-    t = _dict(step.get("totals"))
-    window = _num(t.get("window_us"))
-    compute, exposed, idle = (_num(t.get(k)) for k in ("compute_us", "exposed_comm_us", "idle_us"))
+    t = step.totals
+    window = t.window_us
+    compute, exposed, idle = t.compute_us, t.exposed_comm_us, t.idle_us
     if window is None or compute is None or idle is None:
         return None
     exposed = exposed or 0.0
@@ -67,7 +67,7 @@ def _breakdown_fig(points: Mapping[int, dict[str, float]], who: str) -> dict[str
 def _breakdown_spec(ctx: Context) -> dict[str, Any]:
     per_rank: dict[int, dict[int, dict[str, float]]] = {}
     for rank, steps in traced_steps(ctx).items():
-        points = {int(_num(s["step"]) or 0): p for s in steps if (p := _parts_ms(s)) is not None}
+        points = {s.step: p for s in steps if (p := _parts_ms(s)) is not None}
         if points:
             per_rank[rank] = points
     if not per_rank:
@@ -92,14 +92,14 @@ def _breakdown_spec(ctx: Context) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ tensor cores
 
 
-def _tc_shares(summaries: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
+def _tc_shares(summaries: Sequence[RankTraceSummary]) -> tuple[float, float] | None:
     """(tensor-core %, FP32 GEMM %) of a rank's summed compute-kernel time."""
     tc_sum = fp32_sum = compute = 0.0
     for s in summaries:
-        tc = _dict(s.get("tensor_cores"))
-        tc_us, fp_us = _num(tc.get("tensor_core_us")), _num(tc.get("fp32_gemm_us"))
-        tc_pct, fp_pct = _num(tc.get("tensor_core_pct")), _num(tc.get("fp32_gemm_pct"))
-        if tc_us is None or tc_pct is None:
+        tc = s.tensor_cores
+        tc_us, fp_us = tc.tensor_core_us, tc.fp32_gemm_us
+        tc_pct, fp_pct = tc.tensor_core_pct, tc.fp32_gemm_pct
+        if tc_pct is None:
             continue
         total: float | None
         if tc_pct > 0:
@@ -118,12 +118,10 @@ def _tc_shares(summaries: Sequence[Mapping[str, Any]]) -> tuple[float, float] | 
     return 100.0 * tc_sum / compute, 100.0 * fp32_sum / compute
 
 
-def _file_compute_us(summary: Mapping[str, Any]) -> float | None:
-    for k in summary.get("top_kernels") or []:
-        if isinstance(k, dict):
-            total, pct = _num(k.get("total_us")), _num(k.get("pct_of_compute"))
-            if total is not None and pct:
-                return total * 100.0 / pct
+def _file_compute_us(summary: RankTraceSummary) -> float | None:
+    for k in summary.top_kernels:
+        if k.pct_of_compute:
+            return k.total_us * 100.0 / k.pct_of_compute
     return None
 
 
@@ -180,29 +178,28 @@ def _fmt(value: float | None, unit: str, digits: int = 1) -> str:
 def cards_html(ctx: Context) -> str:
     """The run at a glance: a few job-level figures above the Overview's charts."""
     job = ctx.job()
-    ranks = ctx.rank_dicts()
+    ranks = ctx.rank_figures()
 
-    def avg(key: str) -> float | None:
-        return _mean([v for r in ranks if (v := _num(r.get(key))) is not None])
+    def avg(values: Sequence[float | None]) -> float | None:
+        return _mean([v for v in values if v is not None])
 
-    step = _mean(
-        [v for r in ranks if (v := _num(_dict(r.get("step_time_ms")).get("mean"))) is not None]
-    )
+    step = avg([r.step_time_ms.mean if r.step_time_ms else None for r in ranks])
     shares = [sh for s in ctx.summaries.values() if (sh := _tc_shares(s)) is not None]
-    findings = [f for f in ctx.analysis.get("findings") or [] if isinstance(f, dict)]
-    high = sum(1 for f in findings if f.get("severity") == "high")
-    device = next((str(r.get("device_name") or r.get("device")) for r in ranks), "n/a")
-    world = job.get("world_size", ctx.run.world_size)
-    reported = job.get("ranks_reported", len(ranks))
+    findings = given(ctx.analysis.findings) or []
+    high = sum(1 for f in findings if f.severity == "high")
+    device = next((r.device_name or r.device for r in ranks), "n/a")
+    world = job.world_size if job is not None else ctx.run.world_size
+    reported = job.ranks_reported if job is not None else len(ranks)
+    strategy = (job.strategy_label or job.strategy) if job is not None else ""
     cards = [
         ("ranks", f"{reported} of {world}" if reported != world else str(world)),
-        ("strategy", str(job.get("strategy_label") or job.get("strategy") or ctx.run.strategy)),
+        ("strategy", strategy or ctx.run.strategy),
         ("device", device),
         ("mean step time", _fmt(step, " ms", 2)),
-        ("throughput", _fmt(_num(job.get("samples_per_s")), " samples/s")),
-        ("trace busy", _fmt(avg("trace_busy_pct"), " %")),
+        ("throughput", _fmt(job.samples_per_s if job is not None else None, " samples/s")),
+        ("trace busy", _fmt(avg([r.trace_busy_pct for r in ranks]), " %")),
         ("tensor cores", _fmt(_mean([tc for tc, _ in shares]) if shares else None, " %")),
-        ("MFU", _fmt(avg("mfu_pct"), " %")),
+        ("MFU", _fmt(avg([r.mfu_pct for r in ranks]), " %")),
         ("findings", f"{len(findings)}" + (f" ({high} high)" if high else "")),
     ]
     items = "".join(f"<div><dt>{esc(k)}</dt><dd>{esc(v)}</dd></div>" for k, v in cards)
@@ -216,10 +213,15 @@ def _run_dir(ctx: Context) -> Path | None:
     """The run directory, from where its traces were read (``<run>/traces/<file>``)."""
     for summaries in ctx.summaries.values():
         for summary in summaries:
-            source = summary.get("source")
-            if isinstance(source, str) and source and Path(source).parent.name == "traces":
+            source = summary.source
+            if source and Path(source).parent.name == "traces":
                 return Path(source).parent.parent
     return None
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A dict of the timeline's facts (a file of its own, not the analysis), else empty."""
+    return value if isinstance(value, dict) else {}
 
 
 def timeline_html(ctx: Context) -> str:
@@ -236,7 +238,7 @@ def timeline_html(ctx: Context) -> str:
         )
     ranks = [r for r in facts.get("ranks") or [] if isinstance(r, dict)]
     items = [
-        f"<li>rank {esc(r.get('rank'))}: {esc(clock_line(_dict(r.get('clock'))))}</li>"
+        f"<li>rank {esc(r.get('rank'))}: {esc(clock_line(_mapping(r.get('clock'))))}</li>"
         for r in ranks[:_TIMELINE_RANKS_LISTED]
     ]
     if len(ranks) > _TIMELINE_RANKS_LISTED:

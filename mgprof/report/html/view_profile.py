@@ -7,11 +7,14 @@ per group, summed over the files. "All ranks" charts sum over the ranks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.trace.kernels import KernelStat
+from mgprof.analyze.trace.operators import OperatorNameStat, OperatorStat
+from mgprof.analyze.trace.summary import RankTraceSummary
 from mgprof.report.html.charts import layout
 from mgprof.report.html.text import cell, label, short_label
 from mgprof.report.html.view_model import Col, Context, View, figure_spec, ms, rounded
@@ -21,25 +24,40 @@ __all__ = ["kernels_view", "operators_view"]
 TOP_BARS = 15
 """Bars in a "top N" chart; the table below it has every row."""
 
-_OP_TIMES = ("host_self_us", "host_total_us", "device_self_us", "device_total_us")
+
+@dataclass
+class _Op:
+    """One row of an operator table: the operators of a group summed (one rank's trace files,
+    or every rank); a time no operator of the group has stays None (a CPU trace has no device
+    time)."""
+
+    name: str
+    input_shapes: str = ""
+    calls: float | None = None
+    host_self_us: float | None = None
+    host_total_us: float | None = None
+    device_self_us: float | None = None
+    device_total_us: float | None = None
 
 
-def _merge(rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
-    """Rows with equal ``keys`` summed (one rank's trace files); a time that no row has stays
-    None (a CPU trace has no device time)."""
-    merged: dict[tuple[str, ...], dict[str, Any]] = {}
+def _add(acc: float | None, value: float | None) -> float | None:
+    return acc if value is None else (acc or 0.0) + float(value)
+
+
+def _merge(rows: Iterable[OperatorStat | OperatorNameStat | _Op], shapes: bool) -> list[_Op]:
+    """Rows with the same name (and input shapes, with ``shapes``) summed."""
+    merged: dict[tuple[str, str], _Op] = {}
     for row in rows:
-        key = tuple(str(row.get(k) or "") for k in keys)
+        shape = row.input_shapes if shapes and not isinstance(row, OperatorNameStat) else ""
+        key = (row.name or "", shape or "")
         acc = merged.get(key)
         if acc is None:
-            acc = merged[key] = {k: v for k, v in zip(keys, key)}
-            acc.update({f: None for f in ("calls", *_OP_TIMES)})
-        for f in ("calls", *_OP_TIMES):
-            value = _num(row.get(f))
-            if f == "calls" and value is None:
-                value = _num(row.get("count"))
-            if value is not None:
-                acc[f] = (acc[f] or 0.0) + value
+            acc = merged[key] = _Op(name=key[0], input_shapes=key[1])
+        acc.calls = _add(acc.calls, row.calls)
+        acc.host_self_us = _add(acc.host_self_us, row.host_self_us)
+        acc.host_total_us = _add(acc.host_total_us, row.host_total_us)
+        acc.device_self_us = _add(acc.device_self_us, row.device_self_us)
+        acc.device_total_us = _add(acc.device_total_us, row.device_total_us)
     return list(merged.values())
 
 
@@ -88,27 +106,21 @@ def _hbar(
 # ---------------------------------------------------------------------------------- operators
 
 
-def _op_rows(ctx: Context, key: str, keys: Sequence[str]) -> dict[int, list[dict[str, Any]]]:
-    return {rank: _merge(rows, keys) for rank, rows in ctx.items(key).items()}
+def _has_device(per_rank: Mapping[int, list[_Op]]) -> bool:
+    return any(r.device_self_us is not None for rows in per_rank.values() for r in rows)
 
 
-def _has_device(per_rank: Mapping[int, list[dict[str, Any]]]) -> bool:
-    return any(r.get("device_self_us") is not None for rows in per_rank.values() for r in rows)
-
-
-def _op_chart(
-    per_rank: Mapping[int, list[dict[str, Any]]], device: bool, title: str
-) -> dict[str, Any]:
-    sort_key = "device_self_us" if device else "host_self_us"
-
-    def fig(rows: list[dict[str, Any]], who: str) -> dict[str, Any]:
-        top = sorted(rows, key=lambda r: -(r.get(sort_key) or 0.0))[:TOP_BARS]
-        series = [("host self", [rounded(ms(r["host_self_us"])) for r in top])]
+def _op_chart(per_rank: Mapping[int, list[_Op]], device: bool, title: str) -> dict[str, Any]:
+    def fig(rows: list[_Op], who: str) -> dict[str, Any]:
+        top = sorted(
+            rows, key=lambda r: -((r.device_self_us if device else r.host_self_us) or 0.0)
+        )[:TOP_BARS]
+        series = [("host self", [rounded(ms(r.host_self_us)) for r in top])]
         if device:
-            series.append(("device self", [rounded(ms(r["device_self_us"])) for r in top]))
-        return _hbar(f"{title}, {who}", [r["name"] for r in top], series, "ms")
+            series.append(("device self", [rounded(ms(r.device_self_us)) for r in top]))
+        return _hbar(f"{title}, {who}", [r.name for r in top], series, "ms")
 
-    summed = _merge((r for rows in per_rank.values() for r in rows), ("name",))
+    summed = _merge((r for rows in per_rank.values() for r in rows), shapes=False)
     all_fig = fig(summed, "all ranks summed" if len(per_rank) > 1 else _who(per_rank))
     by_rank = {rank: fig(rows, f"rank {rank}") for rank, rows in per_rank.items()}
     return figure_spec(all_fig, by_rank if len(per_rank) > 1 else None)
@@ -121,7 +133,7 @@ def _who(per_rank: Mapping[int, Any]) -> str:
 def _op_table(
     view: View,
     table_id: str,
-    per_rank: Mapping[int, list[dict[str, Any]]],
+    per_rank: Mapping[int, list[_Op]],
     device: bool,
     shapes: bool,
     *,
@@ -136,30 +148,47 @@ def _op_table(
     rows = []
     for rank, items in per_rank.items():
         for r in items:
-            row: list[Any] = [rank, cell(r["name"])]
+            row: list[Any] = [rank, cell(r.name)]
             if shapes:
-                row.append(cell(r.get("input_shapes") or ""))
-            row += [r["calls"], rounded(ms(r["host_self_us"])), rounded(ms(r["host_total_us"]))]
+                row.append(cell(r.input_shapes))
+            row += [r.calls, rounded(ms(r.host_self_us)), rounded(ms(r.host_total_us))]
             if device:
-                row += [rounded(ms(r["device_self_us"])), rounded(ms(r["device_total_us"]))]
+                row += [rounded(ms(r.device_self_us)), rounded(ms(r.device_total_us))]
             rows.append(row)
     first_time = 4 if shapes else 3
     sort_col = first_time + 2 if device else first_time
     view.table(table_id, cols, rows, sort=(sort_col, "desc"), group="operators", hidden=hidden)
 
 
-def _dropped_note(
-    ctx: Context, key: str, what: str, count: str, time: str, time_what: str = ""
-) -> str:
-    """What a bounded list left out, per rank: ``key`` names the summary's dropped block."""
+Dropped = Callable[[RankTraceSummary], tuple[float, float, float] | None]
+"""What a summary's bounded list left out: (groups or names, calls, µs), None when it says
+nothing."""
+
+
+def _ops_dropped(by_name: bool) -> Dropped:
+    def pick(s: RankTraceSummary) -> tuple[float, float, float] | None:
+        d = s.operators_by_name_dropped if by_name else s.operators_dropped
+        return None if d is None else (d.groups, d.calls, d.host_self_us)
+
+    return pick
+
+
+def _kernels_dropped(s: RankTraceSummary) -> tuple[float, float, float] | None:
+    d = s.kernels_dropped
+    return None if d is None else (d.names, d.calls, d.total_us)
+
+
+def _dropped_note(ctx: Context, dropped: Dropped, what: str, time_what: str = "") -> str:
+    """What a bounded list left out, per rank."""
     parts = []
     for rank, summaries in ctx.summaries.items():
         n = calls = us = 0.0
         for s in summaries:
-            d = _dict(s.get(key))
-            n += _num(d.get(count)) or 0.0
-            calls += _num(d.get("calls")) or 0.0
-            us += _num(d.get(time)) or 0.0
+            d = dropped(s)
+            if d is not None:
+                n += d[0]
+                calls += d[1]
+                us += d[2]
         if n:
             parts.append(
                 f"rank {rank}: {n:,.0f} more ({calls:,.0f} calls, {us / 1000.0:,.3f} ms{time_what})"
@@ -170,8 +199,11 @@ def _dropped_note(
 def _unattributed_note(ctx: Context) -> str:
     parts = []
     for rank, summaries in ctx.summaries.items():
-        values = [_num(s.get("operators_device_unattributed_us")) for s in summaries]
-        known = [v for v in values if v is not None]
+        known = [
+            s.operators_device_unattributed_us
+            for s in summaries
+            if s.operators_device_unattributed_us is not None
+        ]
         if known and sum(known) > 0:
             parts.append(f"rank {rank}: {sum(known) / 1000.0:,.3f} ms")
     if not parts:
@@ -182,13 +214,21 @@ def _unattributed_note(ctx: Context) -> str:
     )
 
 
+def _operators(s: RankTraceSummary) -> list[OperatorStat]:
+    return s.operators
+
+
+def _operators_by_name(s: RankTraceSummary) -> list[OperatorNameStat]:
+    return s.operators_by_name
+
+
 def operators_view(ctx: Context) -> View:
     """Host and device self/total time and calls per operator, by name or by input shape."""
     view = View("operators", "Operators")
-    by_shape = _op_rows(ctx, "operators", ("name", "input_shapes"))
-    by_name = _op_rows(ctx, "operators_by_name", ("name",))
+    by_shape = {r: _merge(rows, shapes=True) for r, rows in ctx.items(_operators).items()}
+    by_name = {r: _merge(rows, shapes=False) for r, rows in ctx.items(_operators_by_name).items()}
     if not by_name and by_shape:
-        by_name = {rank: _merge(rows, ("name",)) for rank, rows in by_shape.items()}
+        by_name = {rank: _merge(rows, shapes=False) for rank, rows in by_shape.items()}
     if not by_name:
         view.note(
             "No operator table in this analysis: the run has no trace, or its run.json was "
@@ -211,10 +251,9 @@ def operators_view(ctx: Context) -> View:
             "an operator's time minus the operators nested in it."
         )
     for note in (
-        _dropped_note(ctx, "operators_by_name_dropped", "smaller operator names", "groups",
-                      "host_self_us", " host self"),
-        _dropped_note(ctx, "operators_dropped", "smaller (name, input shapes) groups", "groups",
-                      "host_self_us", " host self"),
+        _dropped_note(ctx, _ops_dropped(by_name=True), "smaller operator names", " host self"),
+        _dropped_note(ctx, _ops_dropped(by_name=False), "smaller (name, input shapes) groups",
+                      " host self"),
         _unattributed_note(ctx),
     ):  # fmt: skip
         if note:
@@ -225,65 +264,63 @@ def operators_view(ctx: Context) -> View:
 # ------------------------------------------------------------------------------------ kernels
 
 
-def _compute_us(kernels: Sequence[Mapping[str, Any]]) -> float | None:
+def _compute_us(kernels: Sequence[KernelStat]) -> float | None:
     """A trace file's summed compute-kernel time, from any kernel's total and share of it."""
     for k in kernels:
-        total, pct = _num(k.get("total_us")), _num(k.get("pct_of_compute"))
-        if total is not None and pct:
-            return total * 100.0 / pct
+        if k.pct_of_compute:
+            return k.total_us * 100.0 / k.pct_of_compute
     return None
 
 
-def _tensor_core(k: Mapping[str, Any]) -> bool | None:
-    flag = k.get("tensor_core")
-    if isinstance(flag, bool):
-        return flag
-    kind = k.get("kind")
-    return kind == "tensor_core" if isinstance(kind, str) else None
+@dataclass
+class _Kernel:
+    """One kernel name of a rank, summed over its trace files (or over every rank)."""
+
+    name: str
+    calls: float = 0.0
+    total_us: float = 0.0
+    min_us: float | None = None
+    max_us: float | None = None
+    tensor_core: bool | None = None
+    mean_us: float | None = None
+    pct: float | None = None
 
 
-def _kernel_rows(summaries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _kernel_rows(summaries: Sequence[RankTraceSummary]) -> list[_Kernel]:
     """One rank's kernels summed by name over its trace files."""
-    merged: dict[str, dict[str, Any]] = {}
+    merged: dict[str, _Kernel] = {}
     compute = 0.0
     for s in summaries:
-        listed = s.get("kernels") or s.get("top_kernels") or []  # top_kernels: older run.json
-        kernels = [k for k in listed if isinstance(k, dict)]
+        kernels = s.kernels or s.top_kernels  # top_kernels: older run.json
         compute += _compute_us(kernels) or 0.0
         for k in kernels:
-            name = str(k.get("name", "?"))
-            acc = merged.setdefault(
-                name,
-                {"name": name, "calls": 0.0, "total_us": 0.0, "min_us": None, "max_us": None,
-                 "tensor_core": None},
-            )  # fmt: skip
-            acc["calls"] += _num(k.get("calls", k.get("count"))) or 0.0
-            acc["total_us"] += _num(k.get("total_us")) or 0.0
-            lo, hi = _num(k.get("min_us")), _num(k.get("max_us"))
+            acc = merged.setdefault(k.name, _Kernel(name=k.name))
+            acc.calls += float(k.calls or k.count)
+            acc.total_us += float(k.total_us)
+            lo, hi = k.min_us, k.max_us
             if lo is not None:
-                acc["min_us"] = lo if acc["min_us"] is None else min(acc["min_us"], lo)
+                acc.min_us = float(lo) if acc.min_us is None else min(acc.min_us, lo)
             if hi is not None:
-                acc["max_us"] = hi if acc["max_us"] is None else max(acc["max_us"], hi)
-            tc = _tensor_core(k)
-            if tc is not None:
-                acc["tensor_core"] = bool(acc["tensor_core"]) or tc
+                acc.max_us = float(hi) if acc.max_us is None else max(acc.max_us, hi)
+            tc = k.tensor_core or k.kind == "tensor_core"
+            acc.tensor_core = bool(acc.tensor_core) or tc
     for acc in merged.values():
-        acc["mean_us"] = acc["total_us"] / acc["calls"] if acc["calls"] else None
-        acc["pct"] = 100.0 * acc["total_us"] / compute if compute > 0 else None
-    return sorted(merged.values(), key=lambda k: -k["total_us"])
+        acc.mean_us = acc.total_us / acc.calls if acc.calls else None
+        acc.pct = 100.0 * acc.total_us / compute if compute > 0 else None
+    return sorted(merged.values(), key=lambda k: -k.total_us)
 
 
 _TC_COLOR, _OTHER_COLOR = "#2e7d32", "#1565c0"
 
 
-def _kernel_fig(rows: list[dict[str, Any]], who: str) -> dict[str, Any]:
+def _kernel_fig(rows: list[_Kernel], who: str) -> dict[str, Any]:
     top = rows[:TOP_BARS]
-    tc = [rounded(k["total_us"] / 1000.0) if k["tensor_core"] else None for k in top]
-    other = [None if k["tensor_core"] else rounded(k["total_us"] / 1000.0) for k in top]
+    tc = [rounded(k.total_us / 1000.0) if k.tensor_core else None for k in top]
+    other = [None if k.tensor_core else rounded(k.total_us / 1000.0) for k in top]
     series = [("tensor-core kernels", tc), ("other kernels", other)]
     fig = _hbar(
         f"Top kernels by total time, {who}",
-        [k["name"] for k in top],
+        [k.name for k in top],
         series,
         "ms (summed over calls)",
         (_TC_COLOR, _OTHER_COLOR),
@@ -303,12 +340,12 @@ def kernels_view(ctx: Context) -> View:
             "kept."
         )
         return view
-    summed: dict[str, dict[str, Any]] = {}
+    summed: dict[str, _Kernel] = {}
     for rows in per_rank.values():
         for k in rows:
-            acc = summed.setdefault(k["name"], {**k, "total_us": 0.0})
-            acc["total_us"] += k["total_us"]
-    all_rows = sorted(summed.values(), key=lambda k: -k["total_us"])
+            acc = summed.setdefault(k.name, dataclasses.replace(k, total_us=0.0))
+            acc.total_us += k.total_us
+    all_rows = sorted(summed.values(), key=lambda k: -k.total_us)
     multi = len(per_rank) > 1
     view.chart(
         "kernels-top",
@@ -334,20 +371,20 @@ def kernels_view(ctx: Context) -> View:
     table = [
         [
             rank,
-            cell(k["name"]),
-            k["calls"],
-            rounded(k["total_us"] / 1000.0),
-            rounded(k["mean_us"], 2),
-            rounded(k["min_us"], 2),
-            rounded(k["max_us"], 2),
-            flag[k["tensor_core"]],
-            rounded(k["pct"], 2),
+            cell(k.name),
+            k.calls,
+            rounded(k.total_us / 1000.0),
+            rounded(k.mean_us, 2),
+            rounded(k.min_us, 2),
+            rounded(k.max_us, 2),
+            flag[k.tensor_core],
+            rounded(k.pct, 2),
         ]
         for rank, items in per_rank.items()
         for k in items
     ]
     view.table("kernels-table", cols, table, sort=(3, "desc"))
-    dropped = _dropped_note(ctx, "kernels_dropped", "smaller kernels", "names", "total_us")
+    dropped = _dropped_note(ctx, _kernels_dropped, "smaller kernels")
     if dropped:
         view.note(dropped)
     view.note(

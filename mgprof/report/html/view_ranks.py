@@ -9,10 +9,12 @@ bandwidth from the trace summaries, and wait vs transfer per rank from the cross
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.schema import given
+from mgprof.analyze.trace.comm_types import CollectiveStats
+from mgprof.analyze.trace.cross_rank import CrossRankSummary
 from mgprof.report.html.charts import layout
 from mgprof.report.html.text import cell, esc, label
 from mgprof.report.html.view_model import Col, Context, View, figure_spec, ms, rank_color, rounded
@@ -23,9 +25,14 @@ __all__ = ["distributed_view", "memory_view"]
 # ------------------------------------------------------------------------------------ memory
 
 
+def _float(value: float | None) -> float | None:
+    """A record's figure (``MemoryRecord.per_device``: the record, not the analysis) as float."""
+    return None if value is None else float(value)
+
+
 def _memory_rows(ctx: Context) -> list[dict[str, Any]]:
     """One row per rank, or per device of a DataParallel rank."""
-    analysed = {d.get("rank"): _dict(d.get("memory")) for d in ctx.rank_dicts()}
+    analysed = {d.rank: d.memory for d in ctx.rank_figures()}
     rows: list[dict[str, Any]] = []
     for rec in sorted(ctx.run.ranks, key=lambda r: r.rank):
         mem = rec.memory
@@ -34,16 +41,16 @@ def _memory_rows(ctx: Context) -> list[dict[str, Any]]:
                             default=None)
             for dev in rec.sampler.devices
         }  # fmt: skip
-        base = analysed.get(rec.rank, {})
+        base = analysed.get(rec.rank)
         if mem is not None and len(mem.per_device) > 1:
             for device, figures in mem.per_device.items():
-                total = _num(figures.get("total_mib"))
-                reserved = _num(figures.get("peak_reserved_mib"))
+                total = _float(figures.get("total_mib"))
+                reserved = _float(figures.get("peak_reserved_mib"))
                 rows.append(
                     {
                         "rank": rec.rank,
                         "device": device,
-                        "allocated": _num(figures.get("peak_allocated_mib")),
+                        "allocated": _float(figures.get("peak_allocated_mib")),
                         "reserved": reserved,
                         "total": total,
                         "headroom": None if total is None or reserved is None else total - reserved,
@@ -60,7 +67,7 @@ def _memory_rows(ctx: Context) -> list[dict[str, Any]]:
                 "allocated": mem.peak_allocated_mib if mem else None,
                 "reserved": mem.peak_reserved_mib if mem else None,
                 "total": mem.total_mib if mem else None,
-                "headroom": _num(base.get("headroom_mib")),
+                "headroom": base.headroom_mib if base is not None else None,
                 "rss": mem.peak_rss_mib if mem else None,
                 "sampled": next((v for v in sampled.values() if v is not None), None),
             }
@@ -98,21 +105,20 @@ def _allocation_fig(ctx: Context) -> tuple[dict[str, Any] | None, dict[int, dict
     """``--memory``: each rank's allocation curve (one line per rank, its peak marked), for all
     ranks and per rank."""
     traces: list[tuple[int, dict[str, Any]]] = []
-    for p in _dict(ctx.analysis.get("memory")).get("ranks") or []:
-        p = _dict(p)
-        curve = _dict(p.get("curve"))
-        rank = p.get("rank")
-        if not isinstance(rank, int) or not curve.get("time_ms"):
+    memory = given(ctx.analysis.memory)
+    for p in memory.ranks if memory is not None else []:
+        curve = given(p.curve)
+        if curve is None or not curve.time_ms:
             continue
         trace = {
             "type": "scatter",  # not scattergl: WebGL may be missing (headless, remote desktops)
             "mode": "lines",
-            "name": f"rank {rank}",
-            "x": [rounded(t) for t in curve.get("time_ms") or []],
-            "y": [rounded(v) for v in curve.get("allocated_mib") or []],
-            "meta": {"rank": rank},
+            "name": f"rank {p.rank}",
+            "x": [rounded(t) for t in curve.time_ms],
+            "y": [rounded(v) for v in curve.allocated_mib],
+            "meta": {"rank": p.rank},
         }
-        traces.append((rank, trace))
+        traces.append((p.rank, trace))
     if not traces:
         return None, {}
     title = "Allocated memory over the traced steps (--memory)"
@@ -176,15 +182,38 @@ def memory_view(ctx: Context) -> View:
 # ------------------------------------------------------------------------------- distributed
 
 
-def _sizes_text(sizes: Any) -> str:
-    """``[[bytes, calls], ...]`` as ``1.07 MB ×3, 526 kB ×3``."""
-    parts = []
-    for item in sizes if isinstance(sizes, list) else []:
-        if isinstance(item, (list, tuple)) and len(item) == 2:
-            size, calls = _num(item[0]), _num(item[1])
-            if size is not None and calls is not None:
-                parts.append(f"{_bytes(size)} ×{calls:.0f}")
-    return ", ".join(parts)
+@dataclass
+class _Collective:
+    """One collective type of a rank, over its trace files (figures as the page shows them)."""
+
+    type: str
+    count: float | None
+    total_us: float | None
+    exposed_us: float | None
+    bytes: float | None
+    group_size: float | None
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    sizes: list[tuple[float, float]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, c: CollectiveStats) -> _Collective:
+        return cls(
+            type=c.type,
+            count=_float(c.count),
+            total_us=_float(c.total_us),
+            exposed_us=_float(c.exposed_us),
+            bytes=_float(c.bytes),
+            group_size=_float(c.group_size),
+            algbw_gbps=_float(c.algbw_gbps),
+            busbw_gbps=_float(c.busbw_gbps),
+            sizes=[(float(size), float(calls)) for size, calls in c.sizes],
+        )
+
+
+def _sizes_text(sizes: list[tuple[float, float]]) -> str:
+    """``[(bytes, calls), ...]`` as ``1.07 MB ×3, 526 kB ×3``."""
+    return ", ".join(f"{_bytes(size)} ×{calls:.0f}" for size, calls in sizes)
 
 
 def _bytes(n: float) -> str:
@@ -194,42 +223,40 @@ def _bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _add(a: Any, b: Any) -> float | None:
-    x, y = _num(a), _num(b)
+def _add(x: float | None, y: float | None) -> float | None:
     return None if x is None and y is None else (x or 0.0) + (y or 0.0)
 
 
-def merge_collectives(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def merge_collectives(rows: list[CollectiveStats]) -> list[_Collective]:
     """One row per collective type over a rank's trace files: counts, times, bytes and sizes
     summed, bandwidths recomputed from the sums (busbw keeps the type's bus factor)."""
-    merged: dict[str, dict[str, Any]] = {}
+    merged: dict[str, _Collective] = {}
     for c in rows:
-        key = str(c.get("type", "?"))
-        if key not in merged:
-            merged[key] = {**c, "sizes": list(c.get("sizes") or [])}
+        if c.type not in merged:
+            merged[c.type] = _Collective.of(c)
             continue
-        acc = merged[key]
-        for f in ("count", "total_us", "exposed_us", "bytes"):
-            acc[f] = _add(acc.get(f), c.get(f))
-        sizes: dict[Any, float] = {}
-        for item in [*acc["sizes"], *(c.get("sizes") or [])]:
-            if isinstance(item, (list, tuple)) and len(item) == 2:
-                sizes[item[0]] = sizes.get(item[0], 0) + (_num(item[1]) or 0)
-        acc["sizes"] = sorted(
-            ([k, v] for k, v in sizes.items()), key=lambda kv: -(_num(kv[0]) or 0)
-        )
-        algbw, busbw = _num(acc.get("algbw_gbps")), _num(acc.get("busbw_gbps"))
-        total, size = _num(acc.get("total_us")), _num(acc.get("bytes"))
+        acc = merged[c.type]
+        other = _Collective.of(c)
+        acc.count = _add(acc.count, other.count)
+        acc.total_us = _add(acc.total_us, other.total_us)
+        acc.exposed_us = _add(acc.exposed_us, other.exposed_us)
+        acc.bytes = _add(acc.bytes, other.bytes)
+        sizes: dict[float, float] = {}
+        for message, calls in [*acc.sizes, *other.sizes]:
+            sizes[message] = sizes.get(message, 0.0) + calls
+        acc.sizes = sorted(sizes.items(), key=lambda kv: -kv[0])
+        algbw, busbw = acc.algbw_gbps, acc.busbw_gbps
+        total, size = acc.total_us, acc.bytes
         if algbw and busbw is not None and total and size is not None:
-            acc["algbw_gbps"] = size / (total * 1e3)  # bytes / µs / 1e3 = GB/s
-            acc["busbw_gbps"] = acc["algbw_gbps"] * busbw / algbw
+            acc.algbw_gbps = algbw_gbps = size / (total * 1e3)  # bytes / µs / 1e3 = GB/s
+            acc.busbw_gbps = algbw_gbps * busbw / algbw
     return list(merged.values())
 
 
-def _collective_table(ctx: Context, view: View) -> list[tuple[int, dict[str, Any]]]:
+def _collective_table(ctx: Context, view: View) -> list[tuple[int, _Collective]]:
     colls = [
         (rank, c)
-        for rank, rows in ctx.items("collectives").items()
+        for rank, rows in ctx.items(lambda s: s.collectives).items()
         for c in merge_collectives(rows)
     ]
     if not colls:
@@ -249,17 +276,15 @@ def _collective_table(ctx: Context, view: View) -> list[tuple[int, dict[str, Any
     rows = [
         [
             rank,
-            cell(c.get("type", "?")),
-            _num(c.get("count")),
-            rounded(ms(c.get("total_us"))),
-            rounded(ms(c.get("exposed_us"))),
-            rounded((_num(c.get("bytes")) or 0) / 1e6)
-            if _num(c.get("bytes")) is not None
-            else None,
-            _num(c.get("group_size")),
-            rounded(c.get("algbw_gbps")),
-            rounded(c.get("busbw_gbps")),
-            cell(_sizes_text(c.get("sizes"))),
+            cell(c.type),
+            c.count,
+            rounded(ms(c.total_us)),
+            rounded(ms(c.exposed_us)),
+            rounded(c.bytes / 1e6) if c.bytes is not None else None,
+            c.group_size,
+            rounded(c.algbw_gbps),
+            rounded(c.busbw_gbps),
+            cell(_sizes_text(c.sizes)),
         ]
         for rank, c in colls
     ]
@@ -267,10 +292,10 @@ def _collective_table(ctx: Context, view: View) -> list[tuple[int, dict[str, Any
     return colls
 
 
-def _busbw_fig(colls: list[tuple[int, dict[str, Any]]]) -> dict[str, Any] | None:
-    by_rank: dict[int, list[dict[str, Any]]] = {}
+def _busbw_fig(colls: list[tuple[int, _Collective]]) -> dict[str, Any] | None:
+    by_rank: dict[int, list[_Collective]] = {}
     for rank, c in colls:
-        if _num(c.get("busbw_gbps")) is not None:
+        if c.busbw_gbps is not None:
             by_rank.setdefault(rank, []).append(c)
     if not by_rank:
         return None
@@ -278,8 +303,8 @@ def _busbw_fig(colls: list[tuple[int, dict[str, Any]]]) -> dict[str, Any] | None
         {
             "type": "bar",
             "name": f"rank {rank}",
-            "x": [label(c.get("type", "?")) for c in items],
-            "y": [rounded(c.get("busbw_gbps")) for c in items],
+            "x": [label(c.type) for c in items],
+            "y": [rounded(c.busbw_gbps) for c in items],
             "marker": {"color": rank_color(rank)},
             "meta": {"rank": rank},
         }
@@ -289,23 +314,18 @@ def _busbw_fig(colls: list[tuple[int, dict[str, Any]]]) -> dict[str, Any] | None
     return {"data": data, "layout": lay}
 
 
-def _wait_fig(cross: dict[str, Any]) -> dict[str, Any] | None:
-    per_rank = [p for p in cross.get("per_rank") or [] if isinstance(p, dict)]
-    if not per_rank:
+def _wait_fig(cross: CrossRankSummary | None) -> dict[str, Any] | None:
+    per_rank = cross.per_rank if cross is not None else []
+    if cross is None or not per_rank:
         return None
-    transfer = sum(
-        _num(t.get("transfer_us")) or 0.0
-        for t in cross.get("per_type") or []
-        if isinstance(t, dict)
-    )
-    slowest = cross.get("slowest_rank")
-    xs = [f"rank {p.get('rank')}" + (" (slowest)" if p.get("rank") == slowest else "")
-          for p in per_rank]  # fmt: skip
+    transfer = sum(float(t.transfer_us) for t in cross.per_type)
+    slowest = cross.slowest_rank
+    xs = [f"rank {p.rank}" + (" (slowest)" if p.rank == slowest else "") for p in per_rank]
     data = [
         {"type": "bar", "name": "transfer", "x": xs, "y": [rounded(transfer / 1e3)] * len(xs),
          "marker": {"color": "#1565c0"}},
         {"type": "bar", "name": "wait for other ranks", "x": xs,
-         "y": [rounded(ms(p.get("wait_us"))) for p in per_rank], "marker": {"color": "#ef6c00"}},
+         "y": [rounded(ms(p.wait_us)) for p in per_rank], "marker": {"color": "#ef6c00"}},
     ]  # fmt: skip
     lay = layout(
         "Time in matched collectives per rank: wait vs transfer", "", "ms", barmode="stack"
@@ -317,29 +337,23 @@ def _wait_fig(cross: dict[str, Any]) -> dict[str, Any] | None:
 def _slowest_html(ctx: Context) -> str:
     cross = ctx.cross_rank()
     job = ctx.job()
-    slowest = cross.get("slowest_rank", job.get("slowest_rank"))
+    if cross is not None:
+        slowest = cross.slowest_rank
+    else:
+        slowest = job.slowest_rank if job is not None else None
     if slowest is None:
         return ""
-    matched = _num(cross.get("matched_calls"))
-    last = next(
-        (
-            _num(p.get("last_arrivals"))
-            for p in cross.get("per_rank") or []
-            if isinstance(p, dict) and p.get("rank") == slowest
-        ),
-        None,
-    )
+    per_rank = cross.per_rank if cross is not None else []
+    matched = float(cross.matched_calls) if cross is not None else None
+    last = next((float(p.last_arrivals) for p in per_rank if p.rank == slowest), None)
     if last is not None and matched:
         why = f"it arrived last at {last:.0f} of {matched:.0f} matched collectives"
     else:
-        why = str(job.get("slowest_rank_basis") or "highest mean step time")
-    waited = sum(
-        _num(p.get("wait_us")) or 0.0
-        for p in cross.get("per_rank") or []
-        if isinstance(p, dict) and p.get("rank") != slowest
-    )
+        basis = job.slowest_rank_basis if job is not None else None
+        why = basis or "highest mean step time"
+    waited = sum(float(p.wait_us) for p in per_rank if p.rank != slowest)
     text = f"Slowest rank: {slowest} — {why}"
-    if cross.get("per_rank"):
+    if per_rank:
         text += f"; the other ranks waited {waited / 1e3:,.3f} ms for it in total"
     return f'<p class="callout">{esc(text)}.</p>'
 
@@ -351,11 +365,11 @@ def distributed_view(ctx: Context) -> View:
     view.html(_slowest_html(ctx))
     cross = ctx.cross_rank()
     wait = _wait_fig(cross)
-    if wait is not None:
+    if wait is not None and cross is not None:
         view.chart("dist-wait", figure_spec(wait))
         view.note(
             "Transfer: per matched call, the shortest duration over the ranks; wait: a rank's "
-            f"duration minus that (matched by {cross.get('match_key', 'call order')})."
+            f"duration minus that (matched by {cross.match_key})."
         )
     colls = _collective_table(ctx, view)
     busbw = _busbw_fig(colls)
@@ -363,13 +377,13 @@ def distributed_view(ctx: Context) -> View:
         view.chart("dist-busbw", figure_spec(busbw))
     if not colls:
         view.note("No collectives in the traces (one process, or no trace).")
-    per_rank = [p for p in cross.get("per_rank") or [] if isinstance(p, dict)]
-    if per_rank:
+    per_rank = cross.per_rank if cross is not None else []
+    if cross is not None and per_rank:
         cols = [Col("rank", digits=0), Col("wait ms", digits=3), Col("arrived last", digits=0),
                 Col("slowest", num=False)]  # fmt: skip
         rows = [
-            [p.get("rank"), rounded(ms(p.get("wait_us"))), _num(p.get("last_arrivals")),
-             "yes" if p.get("rank") == cross.get("slowest_rank") else ""]
+            [p.rank, rounded(ms(p.wait_us)), float(p.last_arrivals),
+             "yes" if p.rank == cross.slowest_rank else ""]
             for p in per_rank
         ]  # fmt: skip
         view.table("dist-waits", cols, rows)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.results import RegionFigures
 from mgprof.report.html.charts import layout
 from mgprof.report.html.text import cell, label, short_label
 from mgprof.report.html.view_model import Col, Context, View, figure_spec, rank_color, rounded
@@ -18,25 +18,16 @@ __all__ = ["region_rows", "regions_view"]
 PATH_SEP = " › "
 
 
-def region_rows(ctx: Context) -> dict[int, list[dict[str, Any]]]:
+def region_rows(ctx: Context) -> dict[int, list[RegionFigures]]:
     """Rank -> its region rows, in tree order."""
-    out: dict[int, list[dict[str, Any]]] = {}
-    for rank in ctx.rank_dicts():
-        rows = [r for r in rank.get("regions") or [] if isinstance(r, dict)]
-        who = _num(rank.get("rank"))
-        if rows and who is not None:
-            out[int(who)] = rows
-    return out
+    return {rank.rank: rank.regions for rank in ctx.rank_figures() if rank.regions}
 
 
-def _path(row: dict[str, Any]) -> list[str]:
-    path = row.get("path")
-    if isinstance(path, list) and path:
-        return [str(p) for p in path]
-    return [str(row.get("name", "?"))]
+def _path(row: RegionFigures) -> list[str]:
+    return list(row.path) if row.path else [row.name]
 
 
-def _bars(per_rank: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+def _bars(per_rank: dict[int, list[RegionFigures]]) -> dict[str, Any]:
     """Total time per region, one trace per rank (grouped), regions in tree order."""
     order: list[tuple[str, ...]] = []
     for rows in per_rank.values():
@@ -54,13 +45,13 @@ def _bars(per_rank: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
                 "type": "bar",
                 "name": f"rank {rank}",
                 "x": [names[k] for k in present],
-                "y": [rounded(by_path[k].get("total_ms")) for k in present],
+                "y": [rounded(by_path[k].total_ms) for k in present],
                 "customdata": [
                     [
-                        _num(by_path[k].get("count")),
-                        rounded(by_path[k].get("mean_ms")),
-                        rounded(by_path[k].get("p95_ms")),
-                        rounded(by_path[k].get("share_pct"), 1),
+                        float(by_path[k].count),
+                        rounded(by_path[k].mean_ms),
+                        rounded(by_path[k].p95_ms),
+                        rounded(by_path[k].share_pct, 1),
                     ]
                     for k in present
                 ],
@@ -107,16 +98,13 @@ def regions_view(ctx: Context) -> View:
             rows.append(
                 [
                     rank,
-                    cell(r.get("name", "?")),
-                    _num(r.get("count")),
-                    *(
-                        rounded(r.get(k))
-                        for k in ("total_ms", "mean_ms", "p50_ms", "p95_ms", "max_ms")
-                    ),
-                    rounded(r.get("share_pct"), 2),
+                    cell(r.name),
+                    float(r.count),
+                    *(rounded(v) for v in (r.total_ms, r.mean_ms, r.p50_ms, r.p95_ms, r.max_ms)),
+                    rounded(r.share_pct, 2),
                 ]
             )
-            depth.append(int(_num(r.get("depth")) or 0))
+            depth.append(r.depth)
     view.table("regions-table", cols, rows, depth=depth)
     view.note(
         "Tree order: a region, then the regions nested in it (indented); a nested region's time "

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.trace.summary import StepSummary, TraceTotals
 from mgprof.records import StepRecord
 from mgprof.report.html.charts import layout
 from mgprof.report.html.view_model import Col, Context, View, figure_spec, ms, rank_color, rounded
@@ -23,12 +22,9 @@ STEPS_SHOWN = 1000
 """Recorded steps per rank the Steps view carries; beyond it a sample (``_sample``)."""
 
 
-def traced_steps(ctx: Context) -> dict[int, list[dict[str, Any]]]:
-    """Rank -> its traced steps (trace summaries' ``steps``) with a whole ``step`` number."""
-    return {
-        rank: [s for s in rows if _num(s.get("step")) is not None]
-        for rank, rows in ctx.items("steps").items()
-    }
+def traced_steps(ctx: Context) -> dict[int, list[StepSummary]]:
+    """Rank -> its traced steps (trace summaries' ``steps``)."""
+    return ctx.items(lambda s: s.steps)
 
 
 # ------------------------------------------------------------------------------------- steps
@@ -88,15 +84,9 @@ def _timeline_fig(ctx: Context) -> dict[str, Any] | None:
         for s in steps:
             # the trace clock, comparable across ranks on one host; start_us is from the
             # rank's own trace start
-            start = _num(s.get("cpu_start_us"))
-            if start is None:
-                start = _num(s.get("start_us"))
-            dur = _num(s.get("cpu_duration_us"))
-            end = _num(s.get("cpu_end_us"))
-            if dur is None and start is not None and end is not None:
-                dur = end - start
-            if start is not None and dur is not None:
-                spans.setdefault(rank, []).append((int(_num(s["step"]) or 0), start, dur))
+            start = s.cpu_start_us if s.cpu_start_us is not None else s.start_us
+            if start is not None:
+                spans.setdefault(rank, []).append((s.step, start, s.cpu_duration_us))
     if not spans:
         return None
     t0 = min(start for items in spans.values() for _, start, _ in items)
@@ -124,10 +114,8 @@ def _timeline_fig(ctx: Context) -> dict[str, Any] | None:
 
 
 def _step_table(ctx: Context, view: View, shown: Mapping[int, list[StepRecord]]) -> None:
-    traced = {
-        (rank, int(_num(s["step"]) or 0)): _dict(s.get("totals"))
-        for rank, steps in traced_steps(ctx).items()
-        for s in steps
+    traced: dict[tuple[int, int], TraceTotals] = {
+        (rank, s.step): s.totals for rank, steps in traced_steps(ctx).items() for s in steps
     }
     cols = [
         Col("rank", digits=0),
@@ -156,10 +144,13 @@ def _step_table(ctx: Context, view: View, shown: Mapping[int, list[StepRecord]])
                 "yes" if s.traced else "no",
             ]
             if traced:
-                t = traced.get((rank, s.index), {})
-                row += [rounded(ms(t.get("window_us")))] + [
-                    rounded(t.get(k), 2) for k in ("compute_pct", "exposed_comm_pct", "idle_pct")
-                ]
+                t = traced.get((rank, s.index))
+                if t is None:
+                    row += [None, None, None, None]
+                else:
+                    row += [rounded(ms(t.window_us))] + [
+                        rounded(v, 2) for v in (t.compute_pct, t.exposed_comm_pct, t.idle_pct)
+                    ]
             rows.append(row)
     view.table("steps-table", cols, rows)
 

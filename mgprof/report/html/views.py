@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgprof.analyze.run.schema import RunAnalysis, given
 from mgprof.records import RunRecord
 from mgprof.report.html.sections import (
     chart_div,
@@ -82,7 +83,7 @@ def _views(ctx: Context, full: bool) -> list[View]:
 
 
 def _overview_extra(
-    section: Section, analysis: Mapping[str, Any], charts: Mapping[str, Any]
+    section: Section, analysis: RunAnalysis, charts: Mapping[str, Any]
 ) -> list[str]:
     """The Findings section with every finding in full, after the comparison and the sweep."""
     full = findings_html(analysis)
@@ -122,7 +123,7 @@ def _nav(views: Sequence[View], ranks: Sequence[int], findings: int) -> str:
 
 def build_page(
     run: RunRecord,
-    analysis: Mapping[str, Any],
+    analysis: RunAnalysis,
     sections: Sequence[Section],
     charts: Mapping[str, Any],
     defs: Sequence[tuple[str, str]],
@@ -157,7 +158,7 @@ def build_page(
     if lost:
         placed["overview"].extend(chart_div(c, charts) for c in lost)
         markup["overview"] = _view_html(views[0], placed["overview"], charts)
-    n_findings = len([f for f in analysis.get("findings") or [] if isinstance(f, dict)])
+    n_findings = len(given(analysis.findings) or [])
     return Page(
         nav=_nav(views, ctx.ranks, n_findings),
         views="".join(markup[v.key] for v in views),

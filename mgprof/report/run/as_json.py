@@ -1,9 +1,12 @@
 """JSON rendering of a run report: the run.json schema with ``analysis`` filled in.
 
 Same schema as run.json, so ``mgprof report --format json`` output can be read back with
-``read_run``/``decode_run`` and re-rendered, diffed or fed to other tools. Control, bidi and
-line-separator characters in strings are written as ``\\u`` escapes (``safe_text.json_text``), so
-the document prints safely on a terminal and decodes to the same values.
+``read_run``/``decode_run`` and re-rendered, diffed or fed to other tools. The analysis is
+written as the dict it is stored as (``mgprof report`` passes the dict it analysed, so a block
+of another version's run.json is kept as written); a ``RunAnalysis`` is written in its schema's
+layout. Control, bidi and line-separator characters in strings are written as ``\\u`` escapes
+(``safe_text.json_text``), so the document prints safely on a terminal and decodes to the same
+values.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from typing import Any
 
 import msgspec
 
+from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.records import RunRecord, encode_run
 from mgprof.report.safe_text import json_text
 
 
-def run_to_json(run: RunRecord, analysis: Mapping[str, Any]) -> str:
+def run_to_json(run: RunRecord, analysis: RunAnalysis | Mapping[str, Any]) -> str:
     """The RunRecord with ``analysis`` replaced by the given one, as indented JSON text."""
-    filled = msgspec.structs.replace(run, analysis=dict(analysis))
+    plain = msgspec.to_builtins(analysis) if isinstance(analysis, RunAnalysis) else dict(analysis)
+    filled = msgspec.structs.replace(run, analysis=plain)
     return json_text(encode_run(filled).decode("utf-8")) + "\n"

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.results import RankAnalysis
+from mgprof.analyze.run.schema import RunAnalysis, given
 from mgprof.report.run.section_model import (
     Cells,
     Fmt,
@@ -16,7 +12,7 @@ from mgprof.report.run.section_model import (
     Table,
     cpu_only,
     fixed,
-    job_of,
+    job_reasons,
     ms_from_us,
     who_of,
 )
@@ -25,7 +21,7 @@ TOP_KERNELS = 5
 """Kernels listed per rank: the heaviest few say where compute time goes; more is noise here."""
 
 
-def step_time_section(analysis: Mapping[str, Any]) -> Section:
+def step_time_section(analysis: RunAnalysis) -> Section:
     sec = Section("Step time per rank")
     notes = Footnotes()
     table = Table(
@@ -42,18 +38,19 @@ def step_time_section(analysis: Mapping[str, Any]) -> Section:
         numeric_from=2,
     )
     two = fixed(2)
-    for rank in _ranks(analysis):
-        c = Cells(notes, rank, who_of(rank))
-        st = _dict(rank.get("step_time_ms"))
-        steps = f"{rank.get('steps_measured', 0)}/{rank.get('steps_total', 0)}"
-        row = [str(rank.get("rank")), steps]
-        for key in ("mean", "p50", "p95", "min", "max"):
-            row.append(c.get(st.get(key), two, "step_time_ms", label="step time"))
-        row.append(c.get(rank.get("samples_per_s"), fixed(1), "samples_per_s"))
+    for rank in analysis.ranks:
+        c = Cells(notes, rank.not_applicable, who_of(rank))
+        st = rank.step_time_ms
+        steps = f"{rank.steps_measured}/{rank.steps_total}"
+        row = [str(rank.rank), steps]
+        values = [st.mean, st.p50, st.p95, st.min, st.max] if st is not None else [None] * 5
+        for value in values:
+            row.append(c.get(value, two, "step_time_ms", label="step time"))
+        row.append(c.get(rank.samples_per_s, fixed(1), "samples_per_s"))
         table.rows.append(row)
-    job = job_of(analysis)
-    jc = Cells(notes, job, "job")
-    job_rate = jc.get(job.get("samples_per_s"), fixed(1), "samples_per_s")
+    job = analysis.job
+    jc = Cells(notes, job_reasons(analysis), "job")
+    job_rate = jc.get(job.samples_per_s if job else None, fixed(1), "samples_per_s")
     table.rows.append(["job", "", "", "", "", "", "", job_rate])
     sec.tables.append(table)
     sec.notes.append("Steady-state steps: all but the first step of each rank (when it has 3+).")
@@ -61,28 +58,27 @@ def step_time_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
-def _no_cpu_load(rank: Mapping[str, Any]) -> str:
-    if rank.get("sampler") == "none":
+def _no_cpu_load(rank: RankAnalysis) -> str:
+    if rank.sampler == "none":
         return "no sampler ran on this rank (sampling was off or failed)"
     return "the CPU sampler recorded no load for this rank"
 
 
-def _cpu_utilisation_section(analysis: Mapping[str, Any]) -> Section:
+def _cpu_utilisation_section(analysis: RunAnalysis) -> Section:
     """CPU run: trace busy and the CPU sampler's load; the GPU columns would all be n/a."""
     sec = Section("Utilisation")
     notes = Footnotes()
     table = Table(["rank", "device", "trace busy %", "CPU %"], numeric_from=2)
     one = fixed(1)
-    for rank in _ranks(analysis):
-        c = Cells(notes, rank, who_of(rank))
-        devices = [d for d in rank.get("devices", []) if isinstance(d, dict)]
-        cpu = next((d.get("cpu_pct") for d in devices if d.get("cpu_pct") is not None), None)
-        label = f"{rank.get('device', '?')} {rank.get('device_name') or ''}".strip()
+    for rank in analysis.ranks:
+        c = Cells(notes, rank.not_applicable, who_of(rank))
+        cpu = next((d.cpu_pct for d in rank.devices if d.cpu_pct is not None), None)
+        label = f"{rank.device} {rank.device_name or ''}".strip()
         table.rows.append(
             [
-                str(rank.get("rank")),
+                str(rank.rank),
                 label,
-                c.get(rank.get("trace_busy_pct"), one, "trace_busy_pct"),
+                c.get(rank.trace_busy_pct, one, "trace_busy_pct"),
                 c.get(cpu, one, "cpu_pct", label="CPU %")
                 if cpu is not None
                 else notes.mark("CPU %", _no_cpu_load(rank), who_of(rank)),
@@ -98,7 +94,7 @@ def _cpu_utilisation_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
-def utilisation_section(analysis: Mapping[str, Any]) -> Section:
+def utilisation_section(analysis: RunAnalysis) -> Section:
     if cpu_only(analysis):
         return _cpu_utilisation_section(analysis)
     sec = Section("Utilisation")
@@ -116,32 +112,30 @@ def utilisation_section(analysis: Mapping[str, Any]) -> Section:
         numeric_from=2,
     )
     one = fixed(1)
-    for rank in _ranks(analysis):
-        c = Cells(notes, rank, who_of(rank))
-        devices = [d for d in rank.get("devices", []) if isinstance(d, dict)]
-        busy = c.get(rank.get("trace_busy_pct"), one, "trace_busy_pct")
+    for rank in analysis.ranks:
+        c = Cells(notes, rank.not_applicable, who_of(rank))
+        devices = rank.devices
+        busy = c.get(rank.trace_busy_pct, one, "trace_busy_pct")
         # Achieved/peak/MFU share one reason (the MFU one): one footnote, not three.
-        achieved = c.get(rank.get("achieved_tflops"), fixed(2), "mfu_pct", label="mfu_pct")
-        peak = c.get(rank.get("peak_tflops"), one, "mfu_pct", label="mfu_pct")
-        if _num(rank.get("peak_tflops")) is not None and rank.get("peak_dtype"):
-            peak += f" ({rank['peak_dtype']})"
-        mfu = c.get(rank.get("mfu_pct"), one, "mfu_pct")
-        name = rank.get("device_name") or ""
+        achieved = c.get(rank.achieved_tflops, fixed(2), "mfu_pct", label="mfu_pct")
+        peak = c.get(rank.peak_tflops, one, "mfu_pct", label="mfu_pct")
+        if rank.peak_tflops is not None and rank.peak_dtype:
+            peak += f" ({rank.peak_dtype})"
+        mfu = c.get(rank.mfu_pct, one, "mfu_pct")
+        name = rank.device_name or ""
         # DataParallel: one row per device (NVML per device), trace figures on the rank's row.
         if len(devices) > 1:
             for i, dev in enumerate(devices):
-                util = c.get(dev.get("gpu_util_pct"), one, "nvml_gpu_util_pct")
-                label = f"{dev.get('device', '?')} {dev.get('name') or ''}".strip()
+                util = c.get(dev.gpu_util_pct, one, "nvml_gpu_util_pct")
+                label = f"{dev.device} {dev.name or ''}".strip()
                 if i == 0:
-                    table.rows.append(
-                        [str(rank.get("rank")), label, util, busy, achieved, peak, mfu]
-                    )
+                    table.rows.append([str(rank.rank), label, util, busy, achieved, peak, mfu])
                 else:
                     table.rows.append(["", label, util, "", "", "", ""])
         else:
-            util = c.get(rank.get("nvml_gpu_util_pct"), one, "nvml_gpu_util_pct")
-            label = f"{rank.get('device', '?')} {name}".strip()
-            table.rows.append([str(rank.get("rank")), label, util, busy, achieved, peak, mfu])
+            util = c.get(rank.nvml_gpu_util_pct, one, "nvml_gpu_util_pct")
+            label = f"{rank.device} {name}".strip()
+            table.rows.append([str(rank.rank), label, util, busy, achieved, peak, mfu])
     sec.tables.append(table)
     sec.notes.append(
         "NVML utilisation counts sample periods with any kernel running; trace busy is the share "
@@ -151,37 +145,46 @@ def utilisation_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
-def energy_section(analysis: Mapping[str, Any]) -> Section:
+def energy_section(analysis: RunAnalysis) -> Section:
     sec = Section("Energy")
     if cpu_only(analysis):
         sec.brief = "not measured on a CPU run (NVML's energy counter is a GPU counter)"
         return sec
     notes = Footnotes()
     table = Table(["rank", "energy J", "J/sample"])
-    for record, who in [(r, who_of(r)) for r in _ranks(analysis)] + [(job_of(analysis), "job")]:
-        c = Cells(notes, record, who)
+    for rank in analysis.ranks:
+        c = Cells(notes, rank.not_applicable, who_of(rank))
         table.rows.append(
             [
-                str(record.get("rank", "job")),
-                c.get(record.get("energy_j"), fixed(1), "energy_j"),
-                c.get(record.get("energy_per_sample_j"), fixed(4), "energy_per_sample_j"),
+                str(rank.rank),
+                c.get(rank.energy_j, fixed(1), "energy_j"),
+                c.get(rank.energy_per_sample_j, fixed(4), "energy_per_sample_j"),
             ]
         )
+    job = analysis.job
+    c = Cells(notes, job_reasons(analysis), "job")
+    table.rows.append(
+        [
+            "job",
+            c.get(job.energy_j if job else None, fixed(1), "energy_j"),
+            c.get(job.energy_per_sample_j if job else None, fixed(4), "energy_per_sample_j"),
+        ]
+    )
     sec.tables.append(table)
     sec.footnotes = notes.lines()
     return sec
 
 
-def _no_communication(analysis: Mapping[str, Any]) -> bool:
+def _no_communication(analysis: RunAnalysis) -> bool:
     """One process whose trace holds no communication at all."""
-    ranks = _ranks(analysis)
+    ranks = analysis.ranks
     if len(ranks) != 1:
         return False
-    comm = _dict(ranks[0].get("comm"))
-    return bool(comm) and not _num(comm.get("comm_us")) and not comm.get("collectives")
+    comm = ranks[0].comm
+    return comm is not None and not comm.comm_us and not comm.collectives
 
 
-def communication_section(analysis: Mapping[str, Any]) -> Section:
+def communication_section(analysis: RunAnalysis) -> Section:
     sec = Section("Communication")
     if _no_communication(analysis):
         sec.brief = "none in the trace (one process, no collective)"
@@ -203,38 +206,36 @@ def communication_section(analysis: Mapping[str, Any]) -> Section:
         ["rank", "collective", "count", "total ms", "exposed ms", "busbw GB/s"], numeric_from=2
     )
     one = fixed(1)
-    for rank in _ranks(analysis):
-        c = Cells(notes, rank, who_of(rank))
-        comm = rank.get("comm")
-        if not isinstance(comm, dict):
+    for rank in analysis.ranks:
+        c = Cells(notes, rank.not_applicable, who_of(rank))
+        comm = rank.comm
+        if comm is None:
             na = c.get(None, one, "comm", label="communication")
-            table.rows.append([str(rank.get("rank"))] + [na] * 7)
+            table.rows.append([str(rank.rank)] + [na] * 7)
             continue
         table.rows.append(
             [
-                str(rank.get("rank")),
-                c.get(comm.get("comm_us"), ms_from_us, "comm_us"),
-                c.get(comm.get("comm_overlap_us"), ms_from_us, "comm_overlap_us"),
-                c.get(comm.get("exposed_comm_us"), ms_from_us, "exposed_comm_us"),
-                c.get(comm.get("comm_pct"), one, "comm_pct"),
-                c.get(comm.get("comm_overlap_pct"), one, "comm_overlap_pct"),
-                c.get(comm.get("exposed_comm_pct"), one, "exposed_comm_pct"),
-                c.get(comm.get("busbw_gbps"), fixed(2), "busbw_gbps"),
+                str(rank.rank),
+                c.get(comm.comm_us, ms_from_us, "comm_us"),
+                c.get(comm.comm_overlap_us, ms_from_us, "comm_overlap_us"),
+                c.get(comm.exposed_comm_us, ms_from_us, "exposed_comm_us"),
+                c.get(comm.comm_pct, one, "comm_pct"),
+                c.get(comm.comm_overlap_pct, one, "comm_overlap_pct"),
+                c.get(comm.exposed_comm_pct, one, "exposed_comm_pct"),
+                c.get(comm.busbw_gbps, fixed(2), "busbw_gbps"),
             ]
         )
-        for ctype, fields in sorted(_dict(comm.get("collectives")).items()):
-            f = _dict(fields)
-            bw_reason = (
-                f.get("not_applicable") if isinstance(f.get("not_applicable"), str) else None
-            )
-            bw = _num(f.get("busbw_gbps"))
+        for ctype, f in sorted(comm.collectives.items()):
+            bw_reason = given(f.not_applicable)
+            bw = given(f.busbw_gbps)
+            count = given(f.count)
             collectives.rows.append(
                 [
-                    str(rank.get("rank")),
-                    str(ctype),
-                    str(f.get("count", "-")),
-                    c.get(f.get("total_us"), ms_from_us, "collective total_us"),
-                    c.get(f.get("exposed_us"), ms_from_us, "collective exposed_us"),
+                    str(rank.rank),
+                    ctype,
+                    "-" if count is None else str(count),
+                    c.get(given(f.total_us), ms_from_us, "collective total_us"),
+                    c.get(given(f.exposed_us), ms_from_us, "collective exposed_us"),
                     f"{bw:,.2f}"
                     if bw is not None
                     else notes.mark(
@@ -249,15 +250,15 @@ def communication_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
-def _cpu_memory_section(analysis: Mapping[str, Any]) -> Section:
+def _cpu_memory_section(analysis: RunAnalysis) -> Section:
     sec = Section("Memory & headroom")
     notes = Footnotes()
     table = Table(["rank", "device", "peak RSS MiB"], numeric_from=2)
-    for rank in _ranks(analysis):
-        c = Cells(notes, rank, who_of(rank))
-        mem = _dict(rank.get("memory"))
-        rss = c.get(mem.get("peak_rss_mib"), fixed(0), "peak_rss_mib", "memory")
-        table.rows.append([str(rank.get("rank")), str(rank.get("device", "?")), rss])
+    for rank in analysis.ranks:
+        c = Cells(notes, rank.not_applicable, who_of(rank))
+        rss_mib = rank.memory.peak_rss_mib if rank.memory is not None else None
+        rss = c.get(rss_mib, fixed(0), "peak_rss_mib", "memory")
+        table.rows.append([str(rank.rank), rank.device, rss])
     sec.tables.append(table)
     sec.notes.append(
         "CPU run: peak resident memory of each rank's process; CUDA allocator peaks and device "
@@ -267,7 +268,7 @@ def _cpu_memory_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
-def memory_section(analysis: Mapping[str, Any]) -> Section:
+def memory_section(analysis: RunAnalysis) -> Section:
     if cpu_only(analysis):
         return _cpu_memory_section(analysis)
     sec = Section("Memory & headroom")
@@ -286,41 +287,44 @@ def memory_section(analysis: Mapping[str, Any]) -> Section:
         numeric_from=2,
     )
     zero = fixed(0)
-    for rank in _ranks(analysis):
-        c = Cells(notes, rank, who_of(rank))
-        mem = rank.get("memory")
-        if not isinstance(mem, dict):
+    for rank in analysis.ranks:
+        c = Cells(notes, rank.not_applicable, who_of(rank))
+        mem = rank.memory
+        if mem is None:
             na = c.get(None, zero, "memory")
-            table.rows.append([str(rank.get("rank")), str(rank.get("device", "?"))] + [na] * 6)
+            table.rows.append([str(rank.rank), rank.device] + [na] * 6)
             continue
         table.rows.append(
             [
-                str(rank.get("rank")),
-                str(rank.get("device", "?")),
-                c.get(
-                    mem.get("peak_allocated_mib"), zero, "peak_allocated_mib", label="CUDA memory"
-                ),
-                c.get(mem.get("peak_reserved_mib"), zero, "peak_reserved_mib", label="CUDA memory"),
-                c.get(mem.get("total_mib"), zero, "total_mib", label="CUDA memory"),
-                c.get(mem.get("headroom_mib"), zero, "headroom_pct", label="headroom"),
-                c.get(mem.get("headroom_pct"), fixed(1), "headroom_pct", label="headroom"),
-                c.get(mem.get("peak_rss_mib"), zero, "peak_rss_mib"),
+                str(rank.rank),
+                rank.device,
+                c.get(mem.peak_allocated_mib, zero, "peak_allocated_mib", label="CUDA memory"),
+                c.get(mem.peak_reserved_mib, zero, "peak_reserved_mib", label="CUDA memory"),
+                c.get(mem.total_mib, zero, "total_mib", label="CUDA memory"),
+                c.get(mem.headroom_mib, zero, "headroom_pct", label="headroom"),
+                c.get(mem.headroom_pct, fixed(1), "headroom_pct", label="headroom"),
+                c.get(mem.peak_rss_mib, zero, "peak_rss_mib"),
             ]
         )
         # DataParallel: one row per device, to show rank-0 (device 0) imbalance (one device
         # would only repeat the rank's row)
-        per_device = _dict(mem.get("per_device"))
-        for dev, peaks in sorted(per_device.items()) if len(per_device) > 1 else []:
-            p = _dict(peaks)
+        per_device = mem.per_device
+        for dev, p in sorted(per_device.items()) if len(per_device) > 1 else []:
+            values = (
+                given(p.peak_allocated_mib),
+                given(p.peak_reserved_mib),
+                given(p.total_mib),
+                given(p.headroom_mib),
+                given(p.headroom_pct),
+            )
             cells = []
-            for key, fmt in _PER_DEVICE_MEMORY:
-                value = _num(p.get(key))
+            for (key, fmt), value in zip(_PER_DEVICE_MEMORY, values, strict=True):
                 cells.append(
                     fmt(value)
                     if value is not None
-                    else notes.mark(key, "not recorded for this device", str(dev))
+                    else notes.mark(key, "not recorded for this device", dev)
                 )
-            table.rows.append(["", str(dev), *cells, ""])
+            table.rows.append(["", dev, *cells, ""])
     sec.tables.append(table)
     sec.footnotes = notes.lines()
     return sec
@@ -335,61 +339,61 @@ _PER_DEVICE_MEMORY: tuple[tuple[str, Fmt], ...] = (
 )
 
 
-def data_loading_section(analysis: Mapping[str, Any]) -> Section:
+def data_loading_section(analysis: RunAnalysis) -> Section:
     sec = Section("Data loading")
     notes = Footnotes()
     table = Table(["rank", "DataLoader wait % of step time"])
-    for record, who in [(r, who_of(r)) for r in _ranks(analysis)] + [(job_of(analysis), "job")]:
-        c = Cells(notes, record, who)
-        share = c.get(record.get("dataloader_share_pct"), fixed(1), "dataloader_share_pct")
-        table.rows.append([str(record.get("rank", "job")), share])
+    for rank in analysis.ranks:
+        c = Cells(notes, rank.not_applicable, who_of(rank))
+        share = c.get(rank.dataloader_share_pct, fixed(1), "dataloader_share_pct")
+        table.rows.append([str(rank.rank), share])
+    job = analysis.job
+    c = Cells(notes, job_reasons(analysis), "job")
+    share = c.get(job.dataloader_share_pct if job else None, fixed(1), "dataloader_share_pct")
+    table.rows.append(["job", share])
     sec.tables.append(table)
     sec.footnotes = notes.lines()
     return sec
 
 
-def slowest_section(analysis: Mapping[str, Any]) -> Section:
+def slowest_section(analysis: RunAnalysis) -> Section:
     sec = Section("Slowest rank")
-    if len(_ranks(analysis)) < 2:
+    if len(analysis.ranks) < 2:
         sec.brief = "one rank: nothing to compare across ranks"
         return sec
     notes = Footnotes()
-    job = job_of(analysis)
-    c = Cells(notes, job, "")
+    job = analysis.job
+    c = Cells(notes, job_reasons(analysis), "")
     two = fixed(2)
-    slow = job.get("slowest_rank")
-    if isinstance(slow, int):
-        basis = job.get("slowest_rank_basis")
-        how = f"; {basis}" if isinstance(basis, str) else ""
+    slow = job.slowest_rank if job is not None else None
+    if job is not None and slow is not None:
+        how = f"; {job.slowest_rank_basis}" if job.slowest_rank_basis is not None else ""
         sec.facts.append(
             (
                 "slowest rank",
-                f"{slow} (mean step {two(float(job['slowest_mean_step_ms']))} ms{how})",
+                f"{slow} (mean step {two(float(job.slowest_mean_step_ms or 0.0))} ms{how})",
             )
         )
-        fast = job.get("fastest_rank")
-        fast_ms = _num(job.get("fastest_mean_step_ms"))
-        if isinstance(fast, int) and fast_ms is not None:
+        fast, fast_ms = job.fastest_rank, job.fastest_mean_step_ms
+        if fast is not None and fast_ms is not None:
             sec.facts.append(("fastest rank", f"{fast} (mean step {two(fast_ms)} ms)"))
         else:
             sec.facts.append(("fastest rank", c.get(None, two, "fastest_rank")))
     else:
         sec.facts.append(("slowest rank", c.get(None, two, "slowest_rank")))
-    spread = _num(job.get("step_time_spread_pct"))
+    spread = job.step_time_spread_pct if job is not None else None
     sec.facts.append(
         (
             "step-time spread (max-min)/min",
             f"{spread:.1f} %" if spread is not None else c.get(None, two, "step_time_spread_pct"),
         )
     )
-    trace_job = _dict(_dict(analysis.get("traces")).get("job"))
-    last = trace_job.get("slowest_rank")
-    if isinstance(last, int):
-        waits = _dict(trace_job.get("cross_rank")).get("per_rank")
+    trace_job = analysis.traces.job
+    last = trace_job.slowest_rank if trace_job is not None else None
+    if trace_job is not None and last is not None:
+        waits = trace_job.cross_rank.per_rank if trace_job.cross_rank is not None else []
         wait_text = ", ".join(
-            f"rank {w.get('rank')} waited {ms_from_us(float(w['wait_us']))} ms"
-            for w in (waits if isinstance(waits, list) else [])
-            if isinstance(w, dict) and _num(w.get("wait_us")) is not None
+            f"rank {w.rank} waited {ms_from_us(float(w.wait_us))} ms" for w in waits
         )
         sec.facts.append(
             (
@@ -397,11 +401,10 @@ def slowest_section(analysis: Mapping[str, Any]) -> Section:
                 f"rank {last}" + (f"; {wait_text}" if wait_text else ""),
             )
         )
-    identical = job.get("identical_batches")
-    if isinstance(identical, bool):
-        compared = job.get("fingerprint_steps_compared", 0)
-        same = job.get("identical_batch_steps", [])
-        n_same = len(same) if isinstance(same, list) else 0
+    identical = job.identical_batches if job is not None else None
+    if job is not None and identical is not None:
+        compared = job.fingerprint_steps_compared
+        n_same = len(job.identical_batch_steps)
         verdict = "YES: every rank trained on the same batches" if identical else "no"
         sec.facts.append(
             ("identical batches across ranks", f"{verdict} ({n_same}/{compared} steps identical)")
@@ -412,36 +415,21 @@ def slowest_section(analysis: Mapping[str, Any]) -> Section:
     return sec
 
 
-def _kernel_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    for key in ("top_kernels", "kernels"):
-        value = summary.get(key)
-        if isinstance(value, list):
-            return [k for k in value if isinstance(k, dict)]
-    return []
-
-
-def top_kernels_section(analysis: Mapping[str, Any]) -> Section | None:
-    traces = _dict(_dict(analysis.get("traces")).get("ranks"))
+def top_kernels_section(analysis: RunAnalysis) -> Section | None:
+    traces = analysis.traces.ranks
     table = Table(
         ["rank", "count", "total ms", "% of compute", "kernel"], numeric_from=1, text_last=True
     )
     for rank_key in sorted(traces, key=lambda k: (len(k), k)):
-        summaries = traces[rank_key]
-        if not isinstance(summaries, list):
-            continue
-        for summary in summaries:
-            if not isinstance(summary, dict):
-                continue
-            for k in _kernel_rows(summary)[:TOP_KERNELS]:
-                pct = _num(k.get("pct_of_compute"))
-                total = _num(k.get("total_us"))
+        for summary in traces[rank_key]:
+            for k in summary.top_kernels[:TOP_KERNELS]:
                 table.rows.append(
                     [
                         rank_key,
-                        str(k.get("count", "-")),
-                        ms_from_us(total) if total is not None else "-",
-                        f"{pct:.1f}" if pct is not None else "-",
-                        str(k.get("name", "?")),
+                        str(k.count),
+                        ms_from_us(float(k.total_us)),
+                        f"{k.pct_of_compute:.1f}",
+                        k.name,
                     ]
                 )
     if not table.rows:
@@ -451,17 +439,9 @@ def top_kernels_section(analysis: Mapping[str, Any]) -> Section | None:
     return sec
 
 
-def findings_section(analysis: Mapping[str, Any]) -> Section:
+def findings_section(analysis: RunAnalysis) -> Section:
     sec = Section("Findings")
-    raw = analysis.get("findings", [])
-    sec.findings = [
-        {
-            k: str(f.get(k) or "")
-            for k in ("id", "severity", "title", "evidence", "cause", "change", "saving")
-        }
-        for f in (raw if isinstance(raw, list) else [])
-        if isinstance(f, dict)
-    ]
+    sec.findings = list(given(analysis.findings) or [])
     if not sec.findings:
         sec.notes.append("no findings")
     return sec

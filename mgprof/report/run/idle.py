@@ -9,11 +9,7 @@ the host is the bottleneck (Python overhead, ``.item()`` syncs, data loading).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.report.run.section_model import Section, Table, cpu_only, fixed, ms_from_us
 
 COLUMNS = [
@@ -27,38 +23,34 @@ COLUMNS = [
 ]
 
 
-def _rank_rows(analysis: Mapping[str, Any]) -> list[list[str]]:
+def _ms(value: float | None) -> str:
+    return ms_from_us(value) if value is not None else "n/a"
+
+
+def _rank_rows(analysis: RunAnalysis) -> list[list[str]]:
     rows = []
-    traces = _dict(_dict(analysis.get("traces")).get("ranks"))
+    traces = analysis.traces.ranks
     for key in sorted(traces, key=lambda k: (len(k), k)):
-        summaries = traces[key]
-        for s in summaries if isinstance(summaries, list) else []:
-            if not isinstance(s, dict):
+        for s in traces[key]:
+            idle, delay = s.idle, s.launch_delay
+            if idle is None and delay is None:
                 continue
-            idle, delay = _dict(s.get("idle")), _dict(s.get("launch_delay"))
-            if not idle and not delay:
-                continue
-            idle_pct = _num(_dict(s.get("totals")).get("idle_pct"))
-
-            def ms(d: dict[str, Any], k: str) -> str:
-                value = _num(d.get(k))
-                return ms_from_us(value) if value is not None else "n/a"
-
+            idle_pct = s.totals.idle_pct
             rows.append(
                 [
                     key,
                     fixed(1)(idle_pct) if idle_pct is not None else "n/a",
-                    ms(idle, "host_wait_us"),
-                    ms(idle, "kernel_wait_us"),
-                    ms(idle, "other_us"),
-                    ms(delay, "p50_us"),
-                    ms(delay, "p95_us"),
+                    _ms(idle.host_wait_us if idle else None),
+                    _ms(idle.kernel_wait_us if idle else None),
+                    _ms(idle.other_us if idle else None),
+                    _ms(delay.p50_us if delay else None),
+                    _ms(delay.p95_us if delay else None),
                 ]
             )
     return rows
 
 
-def idle_section(analysis: Mapping[str, Any]) -> Section | None:
+def idle_section(analysis: RunAnalysis) -> Section | None:
     """None when no trace has the breakdown (no trace, or one from an older mgprof)."""
     sec = Section("GPU idle & launch delay")
     if cpu_only(analysis):

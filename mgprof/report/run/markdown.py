@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run.sections import Section, Table, build_sections, definitions
@@ -48,18 +49,16 @@ def section_markdown(section: Section) -> list[str]:
     for table in section.tables:
         lines += [*_table(table), ""]
     for f in section.findings:
-        ident = f" ({md_code(f['id'])})" if f.get("id") else ""
-        lines.append(
-            f"- **{escape_md(f.get('severity', ''))}** {escape_md(f.get('title', ''))}{ident}"
-        )
-        if f.get("evidence"):
-            lines.append(f"  - evidence: {escape_md(f['evidence'])}")
-        if f.get("cause"):
-            lines.append(f"  - cause: {escape_md(f['cause'])}")
-        if f.get("change"):
-            lines.append(f"  - change: {escape_md(f['change'])}")
-        if f.get("saving"):
-            lines.append(f"  - could save: {escape_md(f['saving'])}")
+        ident = f" ({md_code(f.id)})" if f.id else ""
+        lines.append(f"- **{escape_md(f.severity)}** {escape_md(f.title)}{ident}")
+        if f.evidence:
+            lines.append(f"  - evidence: {escape_md(f.evidence)}")
+        if f.cause:
+            lines.append(f"  - cause: {escape_md(f.cause)}")
+        if f.change:
+            lines.append(f"  - change: {escape_md(f.change)}")
+        if f.saving:
+            lines.append(f"  - could save: {escape_md(f.saving)}")
     if section.findings:
         lines.append("")
     for note in section.notes:
@@ -94,12 +93,14 @@ def _failure(summary: FailureSummary) -> list[str]:
     return lines
 
 
-def run_to_markdown(run: RunRecord, analysis: Mapping[str, Any]) -> str:
+def run_to_markdown(run: RunRecord, analysis: RunAnalysis | Mapping[str, Any]) -> str:
     """The run report as one Markdown document (same sections as the terminal report).
 
     A failed run's report opens with the failure summary, then Setup; the other sections
-    follow only when enough steps were recorded to give figures (``failure_summary``).
+    follow only when enough steps were recorded to give figures (``failure_summary``). An
+    analysis dict (``analyze_run``'s, run.json's) is decoded first (``decode_analysis``).
     """
+    analysis = decode_analysis(analysis)
     title = escape_md(run.run_id or run.script or "run")
     lines = [f"# mgprof report: {title}", ""]
     summary = failure_summary(run, analysis)

@@ -2,17 +2,13 @@
 against it, and the caveats that go with the figure; one n/a line with the reason when the run
 could not measure it.
 
-Built from ``analysis["noise_scale"]`` (``mgprof.analyze.run.noise_scale``); absent for an analysis
+Built from ``analysis.noise_scale`` (``mgprof.analyze.run.noise_scale``); absent for an analysis
 made before mgprof measured the noise scale.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.schema import NoiseScale, RunAnalysis, given
 from mgprof.report.run.section_model import Section
 
 TITLE = "Gradient noise scale"
@@ -36,23 +32,23 @@ def _n(value: float) -> str:
     return f"{value:.3g}"
 
 
-def band_text(ns: Mapping[str, Any]) -> str:
+def band_text(ns: NoiseScale) -> str:
     """``95 % band 14–20`` (``… –∞`` when the bootstrap could not bound it from above)."""
-    low = _num(ns.get("band_low"))
-    high = _num(ns.get("band_high"))
-    pct = round(100 * (_num(ns.get("confidence")) or 0.95))
+    low = given(ns.band_low)
+    high = given(ns.band_high)
+    pct = round(100 * (given(ns.confidence) or 0.95))
     if low is None:
         return ""
-    top = "∞" if ns.get("band_unbounded") or high is None else _n(high)
+    top = "∞" if ns.band_unbounded or high is None else _n(high)
     return f"{pct} % band {_n(low)}–{top}"
 
 
-def batch_sentence(global_batch: float, b_simple: float, ns: Mapping[str, Any]) -> str:
+def batch_sentence(global_batch: float, b_simple: float, ns: NoiseScale) -> str:
     """What the global batch means against B_simple, in the paper's terms (progress per sample
     against a small batch, steps saved by doubling the batch)."""
     ratio = global_batch / b_simple
     per_sample = 1.0 / (1.0 + ratio)
-    saved = _num(ns.get("doubling_steps_saved_pct"))
+    saved = given(ns.doubling_steps_saved_pct)
     saved_text = f"~{saved:.0f} %" if saved is not None else "a share"
     g, bs = _n(global_batch), _n(b_simple)
     if ratio >= 1.5:
@@ -79,53 +75,52 @@ def batch_sentence(global_batch: float, b_simple: float, ns: Mapping[str, Any]) 
     )
 
 
-def noise_scale_section(analysis: Mapping[str, Any]) -> Section | None:
+def noise_scale_section(analysis: RunAnalysis) -> Section | None:
     """None for an analysis without noise-scale figures (made by an older mgprof)."""
-    if "noise_scale" not in analysis:
+    ns = given(analysis.noise_scale)
+    if ns is None:
         return None
-    ns = _dict(analysis.get("noise_scale"))
     sec = Section(TITLE)
-    if not ns.get("measured"):
-        sec.brief = f"n/a: {ns.get('reason') or 'not measured'}"
+    if not ns.measured:
+        sec.brief = f"n/a: {given(ns.reason) or 'not measured'}"
         return sec
-    bs = _num(ns.get("b_simple"))
-    steps = int(_num(ns.get("steps")) or 0)
+    bs = given(ns.b_simple)
+    steps = given(ns.steps) or 0
     band = band_text(ns)
     if bs is None:
-        sec.facts.append(("B_simple", f"n/a: {ns.get('reason') or 'not computed'}"))
-        if band and _num(ns.get("band_low")) is not None:
-            sec.facts.append(("lower bound", f"B_simple > {_n(_num(ns.get('band_low')) or 0.0)}"))
+        sec.facts.append(("B_simple", f"n/a: {given(ns.reason) or 'not computed'}"))
+        low = given(ns.band_low)
+        if band and low is not None:
+            sec.facts.append(("lower bound", f"B_simple > {_n(low)}"))
     else:
         sec.facts.append(("B_simple", f"{_n(bs)}" + (f" ({band})" if band else "")))
     sec.facts.append(("measured over", _window(ns, steps)))
-    gb = _num(ns.get("global_batch"))
+    gb = given(ns.global_batch)
     if bs is not None and bs > 0 and gb is not None:
         sec.facts.append(("global batch", batch_sentence(gb, bs, ns)))
-    latest = _num(ns.get("latest_b_simple"))
+    latest = given(ns.latest_b_simple)
     if latest is not None:
         sec.facts.append(("latest (EMA, ~20 updates)", _n(latest)))
-    first, second = _num(ns.get("first_half")), _num(ns.get("second_half"))
+    first, second = given(ns.first_half), given(ns.second_half)
     if first is not None or second is not None:
         halves = [_n(v) if v is not None else "n/a" for v in (first, second)]
         sec.facts.append(("first half / second half", " / ".join(halves)))
-    dropped = {str(k): int(_num(v) or 0) for k, v in _dict(ns.get("dropped")).items()}
-    if dropped:
-        text = "; ".join(f"{v}: {k}" for k, v in dropped.items())
+    if ns.dropped:
+        text = "; ".join(f"{v}: {k}" for k, v in ns.dropped.items())
         sec.facts.append(("steps left out", text))
     sec.notes.extend(CAVEATS)
     return sec
 
 
-def _window(ns: Mapping[str, Any], steps: int) -> str:
-    first, last = ns.get("first_step"), ns.get("last_step")
-    where = f"steps {first}–{last}" if isinstance(first, int) and isinstance(last, int) else ""
-    b, big = _num(ns.get("b_small")), _num(ns.get("b_big"))
-    if ns.get("source") == "accumulation":
+def _window(ns: NoiseScale, steps: int) -> str:
+    first, last = given(ns.first_step), given(ns.last_step)
+    where = f"steps {first}–{last}" if first is not None and last is not None else ""
+    b, big = given(ns.b_small), given(ns.b_big)
+    if ns.source == "accumulation":
         how = "one process, first micro-batch vs the accumulated update"
         sizes = f"b = {_n(b)}, B = {_n(big)}" if b is not None and big is not None else ""
     else:
-        ranks = int(_num(ns.get("ranks")) or 0)
-        how = f"{ranks} ranks, each rank's gradient vs the all-reduced one"
+        how = f"{ns.ranks} ranks, each rank's gradient vs the all-reduced one"
         sizes = f"b = {_n(b)} per rank, B = {_n(big)}" if b is not None and big is not None else ""
     parts = [f"{steps} steps" + (f" ({where})" if where else ""), how, sizes]
     return "; ".join(p for p in parts if p)

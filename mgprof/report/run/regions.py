@@ -7,11 +7,10 @@ and one for the rank whose total was highest (the one to look at first).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
-from mgprof.analyze.readers import num as _num
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.results import RankAnalysis, RegionFigures
+from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.analyze.stats import mean
 from mgprof.report.run.section_model import Section, Table, fixed
 
@@ -19,37 +18,53 @@ PER_RANK_UP_TO = 4
 COLUMNS = ["rank", "region", "count", "total ms", "mean ms", "p95 ms", "% of step"]
 
 
-def _label(row: Mapping[str, Any]) -> str:
-    depth = int(_num(row.get("depth")) or 0)
-    name = str(row.get("name", "?"))
-    return ("  " * (depth - 1) + "└ " + name) if depth > 0 else name
+@dataclass
+class _Row:
+    """A region row's shown figures: one rank's, or their mean over the ranks."""
+
+    name: str
+    depth: int
+    count: int
+    total_ms: float | None
+    mean_ms: float | None
+    p95_ms: float | None
+    share_pct: float | None
+
+    @classmethod
+    def of(cls, r: RegionFigures) -> _Row:
+        return cls(r.name, r.depth, r.count, r.total_ms, r.mean_ms, r.p95_ms, r.share_pct)
 
 
-def _cells(row: Mapping[str, Any]) -> list[str]:
+def _label(row: _Row) -> str:
+    depth = row.depth
+    return ("  " * (depth - 1) + "└ " + row.name) if depth > 0 else row.name
+
+
+def _cells(row: _Row) -> list[str]:
     two = fixed(2)
-    out = [str(int(_num(row.get("count")) or 0))]
-    for key, fmt in (("total_ms", two), ("mean_ms", two), ("p95_ms", two), ("share_pct", fixed(1))):
-        value = _num(row.get(key))
+    out = [str(row.count)]
+    for value, fmt in (
+        (row.total_ms, two),
+        (row.mean_ms, two),
+        (row.p95_ms, two),
+        (row.share_pct, fixed(1)),
+    ):
         out.append(fmt(value) if value is not None else "n/a")
     return out
 
 
-def _rows(rank: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in rank.get("regions") or [] if isinstance(r, dict)]
-
-
-def regions_section(analysis: Mapping[str, Any]) -> Section | None:
+def regions_section(analysis: RunAnalysis) -> Section | None:
     """None when no rank recorded a region (the section would be empty)."""
-    ranks = [r for r in _ranks(analysis) if _rows(r)]
+    ranks = [r for r in analysis.ranks if r.regions]
     if not ranks:
         return None
     sec = Section("Regions")
     table = Table(list(COLUMNS), numeric_from=2)
     if len(ranks) <= PER_RANK_UP_TO:
         for rank in ranks:
-            for i, row in enumerate(_rows(rank)):
-                who = str(rank.get("rank")) if i == 0 else ""
-                table.rows.append([who, _label(row), *_cells(row)])
+            for i, row in enumerate(rank.regions):
+                who = str(rank.rank) if i == 0 else ""
+                table.rows.append([who, _label(_Row.of(row)), *_cells(_Row.of(row))])
     else:
         table.rows.extend(_summary_rows(ranks))
         sec.notes.append(
@@ -64,26 +79,36 @@ def regions_section(analysis: Mapping[str, Any]) -> Section | None:
     return sec
 
 
-def _summary_rows(ranks: list[dict[str, Any]]) -> list[list[str]]:
-    by_path: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
+def _mean_of(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return mean(known) if known else None
+
+
+def _summary_rows(ranks: list[RankAnalysis]) -> list[list[str]]:
+    by_path: dict[tuple[str, ...], list[tuple[int, RegionFigures]]] = {}
     order: list[tuple[str, ...]] = []
     for rank in ranks:
-        for row in _rows(rank):
-            path = tuple(str(p) for p in row.get("path") or [row.get("name", "?")])
+        for row in rank.regions:
+            path = tuple(row.path or [row.name])
             if path not in by_path:
                 by_path[path] = []
                 order.append(path)
-            by_path[path].append((int(_num(rank.get("rank")) or 0), row))
+            by_path[path].append((rank.rank, row))
     out: list[list[str]] = []
     for path in order:
         entries = by_path[path]
-        first = entries[0][1]
-        avg = {"name": first.get("name"), "depth": first.get("depth")}
-        for key in ("count", "total_ms", "mean_ms", "p95_ms", "share_pct"):
-            values = [v for _, r in entries if (v := _num(r.get(key))) is not None]
-            avg[key] = mean(values) if values else None
-        avg["count"] = round(avg["count"] or 0)
+        rows = [r for _, r in entries]
+        first = rows[0]
+        avg = _Row(
+            name=first.name,
+            depth=first.depth,
+            count=round(mean([float(r.count) for r in rows])),
+            total_ms=_mean_of([r.total_ms for r in rows]),
+            mean_ms=_mean_of([r.mean_ms for r in rows]),
+            p95_ms=_mean_of([r.p95_ms for r in rows]),
+            share_pct=_mean_of([r.share_pct for r in rows]),
+        )
         out.append([f"mean of {len(entries)}", _label(avg), *_cells(avg)])
-        top_rank, top = max(entries, key=lambda e: _num(e[1].get("total_ms")) or 0.0)
-        out.append([f"max: {top_rank}", "", *_cells(top)])
+        top_rank, top = max(entries, key=lambda e: e[1].total_ms)
+        out.append([f"max: {top_rank}", "", *_cells(_Row.of(top))])
     return out

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.results import RankAnalysis
+from mgprof.analyze.run.schema import Finding, RunAnalysis
 
 Fmt = Callable[[float], str]
 
@@ -47,7 +46,7 @@ class Section:
     """Must not be missed (CPU fallback): renderers show it as a panel or a callout."""
     notes: list[str] = field(default_factory=list)
     footnotes: list[str] = field(default_factory=list)
-    findings: list[dict[str, str]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     brief: str | None = None
     """The whole section in one line (a GPU-only section of a CPU run says why it is empty);
     renderers show it in place of the rest."""
@@ -78,37 +77,44 @@ class Footnotes:
 
 
 class Cells:
-    """Formats the figures of one record (a rank or the job), n/a with a footnote when None."""
+    """Formats the figures of one record (a rank or the job), n/a with a footnote when None.
 
-    def __init__(self, notes: Footnotes, record: Mapping[str, Any], who: str) -> None:
+    ``not_applicable`` is the record's reasons (``RankAnalysis.not_applicable``...)."""
+
+    def __init__(self, notes: Footnotes, not_applicable: Mapping[str, str], who: str) -> None:
         self._notes = notes
-        self._na = _dict(record.get("not_applicable"))
+        self._na = not_applicable
         self._who = who
 
     def reason(self, *keys: str) -> str:
         for key in keys:
-            if isinstance(self._na.get(key), str):
-                return str(self._na[key])
+            if key in self._na:
+                return self._na[key]
         return "not computed by this analysis"
 
     def get(
-        self, value: Any, fmt: Fmt, figure: str, *reason_keys: str, label: str | None = None
+        self,
+        value: float | None,
+        fmt: Fmt,
+        figure: str,
+        *reason_keys: str,
+        label: str | None = None,
     ) -> str:
-        num = _num(value)
-        if num is None:
+        if value is None:
             return self._notes.mark(label or figure, self.reason(figure, *reason_keys), self._who)
-        return fmt(num)
+        return fmt(float(value))
 
 
-def cpu_only(analysis: Mapping[str, Any]) -> bool:
+def cpu_only(analysis: RunAnalysis) -> bool:
     """Every rank ran on the CPU: GPU-only sections shrink to one line."""
-    ranks = [r for r in analysis.get("ranks") or [] if isinstance(r, dict)]
-    return bool(ranks) and all(str(r.get("device", "")).startswith("cpu") for r in ranks)
+    ranks = analysis.ranks
+    return bool(ranks) and all(r.device.startswith("cpu") for r in ranks)
 
 
-def job_of(analysis: Mapping[str, Any]) -> dict[str, Any]:
-    return _dict(analysis.get("job"))
+def job_reasons(analysis: RunAnalysis) -> Mapping[str, str]:
+    """The job's ``not_applicable`` (empty when the analysis has no job block)."""
+    return analysis.job.not_applicable if analysis.job is not None else {}
 
 
-def who_of(rank: Mapping[str, Any]) -> str:
-    return f"rank {rank.get('rank', '?')}"
+def who_of(rank: RankAnalysis) -> str:
+    return f"rank {rank.rank}"

@@ -11,10 +11,9 @@ in ``section_model``; this module orders them and keeps the names renderers impo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from mgprof.analyze.readers import as_dict as _dict
+from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.records import RunRecord
 from mgprof.report.run.figures import (
     TOP_KERNELS,
@@ -38,7 +37,7 @@ from mgprof.report.run.setup import setup_section
 __all__ = ["TOP_KERNELS", "Section", "Table", "build_sections", "definitions"]
 
 
-def build_sections(run: RunRecord, analysis: Mapping[str, Any]) -> list[Section]:
+def build_sections(run: RunRecord, analysis: RunAnalysis) -> list[Section]:
     """Every section of the run report, in reading order; Regions, GPU idle and Top kernels
     only when the run has what they show (regions, GPU traces), Gradient noise scale when the
     analysis has its figures (measured, or n/a with the reason)."""
@@ -62,7 +61,6 @@ def build_sections(run: RunRecord, analysis: Mapping[str, Any]) -> list[Section]
     return sections
 
 
-def definitions(analysis: Mapping[str, Any]) -> Sequence[tuple[str, str]]:
+def definitions(analysis: RunAnalysis) -> Sequence[tuple[str, str]]:
     """(figure, definition) pairs the analysis stated, for the report's closing glossary."""
-    defs = _dict(analysis.get("definitions"))
-    return [(str(k), str(v)) for k, v in defs.items()]
+    return list(analysis.definitions.items())

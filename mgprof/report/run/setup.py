@@ -2,37 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
+from mgprof.analyze.run.grad_sync import GradSync
 from mgprof.analyze.run.precision import setting_label
+from mgprof.analyze.run.schema import PrecisionAnalysis, RunAnalysis, given
 from mgprof.records import RunRecord
-from mgprof.report.run.section_model import Section, Table, job_of
+from mgprof.report.run.section_model import Section, Table
 
 
-def setup_section(run: RunRecord, analysis: Mapping[str, Any]) -> Section:
+def setup_section(run: RunRecord, analysis: RunAnalysis) -> Section:
     sec = Section("Setup")
     reported = len(run.ranks)
     world = f"{run.world_size}" + (f" ({reported} reported)" if reported != run.world_size else "")
     status = run.status + (f" (exit code {run.exit_code})" if run.exit_code is not None else "")
-    job = job_of(analysis)
-    label = job.get("strategy_label")
+    job = analysis.job
+    label = job.strategy_label if job is not None else None
     sec.facts = [
         ("run", run.run_id or "-"),
         ("created (UTC)", run.created_utc or "-"),
         ("script", " ".join([run.script or "-", *run.script_args])),
-        ("strategy", label if isinstance(label, str) else run.strategy),
+        ("strategy", label if label is not None else run.strategy),
         ("world size", world),
         ("nodes", str(run.nnodes)),
         ("backend", run.backend or "-"),
         ("status", status),
     ]
     samplers = bool(run.ranks) and all(r.training.distributed_sampler for r in run.ranks)
-    sec.facts.extend(_sync_facts(job, samplers))
-    precision = analysis.get("precision")
-    if isinstance(precision, Mapping):
+    if job is not None and job.grad_sync is not None:
+        sec.facts.extend(_sync_facts(job.grad_sync, samplers))
+    precision = given(analysis.precision)
+    if precision is not None:
         sec.facts.append(("precision", _precision_fact(precision)))
     threads = _threads(run)
     if threads:
@@ -62,39 +60,36 @@ def setup_section(run: RunRecord, analysis: Mapping[str, Any]) -> Section:
         sec.notes.extend(f"rank {rec.rank} warning: {w}" for w in rec.warnings)
     sec.tables.append(table)
     if run.cpu_fallback:
-        notice = job.get("cpu_fallback_notice")
+        notice = job.cpu_fallback_notice if job is not None else None
         sec.notice = (
             notice
-            if isinstance(notice, str)
+            if notice is not None
             else f"This run used the CPU, not GPUs: {run.cpu_fallback_reason or 'no CUDA device'}."
         )
-    warnings = analysis.get("warnings")
-    if isinstance(warnings, list):
-        sec.notes.extend(f"analysis warning: {w}" for w in warnings if isinstance(w, str))
+    sec.notes.extend(f"analysis warning: {w}" for w in analysis.warnings)
     return sec
 
 
-def _sync_facts(job: Mapping[str, Any], samplers: bool = False) -> list[tuple[str, str]]:
+def _sync_facts(sync: GradSync, samplers: bool = False) -> list[tuple[str, str]]:
     """Gradient sync and auto-wrap lines: what the multi-rank figures below rest on."""
-    sync = _dict(job.get("grad_sync"))
-    status = sync.get("status")
-    if not isinstance(status, str) or status == "not applicable":
+    status = sync.status
+    if status == "not applicable":
         return []
-    facts = [("gradient sync", f"{status}: {sync.get('detail', '')}".rstrip(": "))]
-    wrap = _dict(sync.get("auto_wrap"))
-    if wrap.get("wrapper"):
-        what = f"{wrap.get('module_class', '?')} ({_count(wrap.get('parameters'))} parameters)"
-        how = "DistributedDataParallel" if wrap["wrapper"] == "ddp" else "DataParallel"
+    facts = [("gradient sync", f"{status}: {sync.detail}".rstrip(": "))]
+    wrap = sync.auto_wrap
+    if wrap is not None and wrap.wrapper:
+        what = f"{wrap.module_class} ({_count(wrap.parameters)} parameters)"
+        how = "DistributedDataParallel" if wrap.wrapper == "ddp" else "DataParallel"
         extra = []
-        if wrap.get("bucket_cap_mb") is not None:
-            extra.append(f"bucket_cap_mb {wrap['bucket_cap_mb']:g}")
-        if wrap.get("devices"):
-            extra.append("devices " + ",".join(str(d) for d in wrap["devices"]))
-        if wrap.get("initialized_process_group"):
+        if wrap.bucket_cap_mb is not None:
+            extra.append(f"bucket_cap_mb {wrap.bucket_cap_mb:g}")
+        if wrap.devices:
+            extra.append("devices " + ",".join(str(d) for d in wrap.devices))
+        if wrap.initialized_process_group:
             extra.append("process group initialised by mgprof")
         tail = f"; {', '.join(extra)}" if extra else ""
         facts.append(("auto-wrap", f"{what} under {how}{tail} (--no-auto-wrap turns it off)"))
-        if wrap["wrapper"] == "ddp" and not samplers:
+        if wrap.wrapper == "ddp" and not samplers:
             facts.append(
                 (
                     "data",
@@ -102,14 +97,13 @@ def _sync_facts(job: Mapping[str, Any], samplers: bool = False) -> list[tuple[st
                     "measuring speed, wrong for training; shard it with DistributedSampler)",
                 )
             )
-    elif wrap.get("reason"):
-        facts.append(("auto-wrap", f"nothing wrapped: {wrap['reason']}"))
+    elif wrap is not None and wrap.reason:
+        facts.append(("auto-wrap", f"nothing wrapped: {wrap.reason}"))
     return facts
 
 
-def _count(value: Any) -> str:
-    num = _num(value)
-    return f"{num:,.0f}" if num is not None else "?"
+def _count(value: int | None) -> str:
+    return f"{float(value):,.0f}" if value is not None else "?"
 
 
 def _threads(run: RunRecord) -> str | None:
@@ -125,22 +119,22 @@ def _threads(run: RunRecord) -> str | None:
     return "; ".join(parts)
 
 
-def _precision_fact(precision: Mapping[str, Any]) -> str:
+def _precision_fact(precision: PrecisionAnalysis) -> str:
     """``bf16 autocast at torch.nn...Sequential; loss 0.91 -> 0.88 over 12 updates``."""
     text = setting_label(precision)
-    module = precision.get("module_class")
-    if precision.get("applied_ranks") and isinstance(module, str):
+    module = precision.module_class
+    if precision.applied_ranks and module is not None:
         text += f" ({module})"
-    losses = [v for v in precision.get("losses") or [] if _num(v) is not None]
-    bad = len(precision.get("nonfinite_updates") or [])
+    losses = [v for v in precision.losses if v is not None]
+    bad = len(precision.nonfinite_updates)
     if losses:
         text += f"; loss {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} updates"
     if bad:
         text += f"; inf/NaN loss in {bad} updates"
-    skipped = _num(precision.get("skipped_updates")) or 0
+    skipped = precision.skipped_updates
     if skipped:
         text += f"; GradScaler skipped {skipped:.0f} steps (inf/NaN gradients)"
-    note = precision.get("loss_scaling_note")
-    if isinstance(note, str):
+    note = precision.loss_scaling_note
+    if note is not None:
         text += f"; {note}"
     return text

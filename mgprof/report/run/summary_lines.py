@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from mgprof.analyze.readers import as_dict as _dict
-from mgprof.analyze.readers import num as _num
-from mgprof.analyze.readers import rank_dicts as _ranks
+from mgprof.analyze.run.results import RankAnalysis
+from mgprof.analyze.run.schema import RunAnalysis, given
 from mgprof.records import RunRecord
 from mgprof.report.safe_text import printable
 
@@ -53,8 +51,10 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _figures(ranks: Sequence[Mapping[str, Any]], key: str) -> list[float]:
-    return [v for v in (_num(r.get(key)) for r in ranks) if v is not None]
+def _figures(
+    ranks: Sequence[RankAnalysis], figure: Callable[[RankAnalysis], float | None]
+) -> list[float]:
+    return [v for v in (figure(r) for r in ranks) if v is not None]
 
 
 def _status_line(run: RunRecord) -> str | None:
@@ -69,26 +69,22 @@ def _status_line(run: RunRecord) -> str | None:
     return PREFIX + "; ".join(parts) if parts else None
 
 
-def _step_line(run: RunRecord, analysis: Mapping[str, Any]) -> str | None:
-    ranks = _ranks(analysis)
+def _step_line(run: RunRecord, analysis: RunAnalysis) -> str | None:
+    ranks = analysis.ranks
     if not ranks:
         return None
-    timed = [
-        (mean, r)
-        for r in ranks
-        if (mean := _num(_dict(r.get("step_time_ms")).get("mean"))) is not None
-    ]
+    timed = [(r.step_time_ms.mean, r) for r in ranks if r.step_time_ms is not None]
     if not timed:
-        if all(_num(r.get("steps_total")) == 0 for r in ranks):
+        if all(r.steps_total == 0 for r in ranks):
             return PREFIX + "no steps recorded: call prof.step() once per iteration"
         return None
     mean, slowest = max(timed, key=lambda t: t[0])
-    p95 = _num(_dict(slowest.get("step_time_ms")).get("p95"))
+    p95 = slowest.step_time_ms.p95 if slowest.step_time_ms is not None else None
     inner = [f"p95 {_ms(p95)}"] if p95 is not None else []
     if len(timed) > 1:
         inner.append(f"slowest of {len(timed)} ranks")
     text = f"step {_ms(mean)} ms" + (f" ({', '.join(inner)})" if inner else "")
-    rate = _num(_dict(analysis.get("job")).get("samples_per_s"))
+    rate = analysis.job.samples_per_s if analysis.job is not None else None
     if rate is not None:
         text += f", {_rate(rate)} samples/s"
     if run.cpu_fallback:
@@ -96,17 +92,17 @@ def _step_line(run: RunRecord, analysis: Mapping[str, Any]) -> str | None:
     return PREFIX + text
 
 
-def _utilisation_line(run: RunRecord, analysis: Mapping[str, Any]) -> str | None:
-    ranks = _ranks(analysis)
+def _utilisation_line(run: RunRecord, analysis: RunAnalysis) -> str | None:
+    ranks = analysis.ranks
     groups = []
     util = []
-    nvml = _mean(_figures(ranks, "nvml_gpu_util_pct"))
+    nvml = _mean(_figures(ranks, lambda r: r.nvml_gpu_util_pct))
     if nvml is not None:
         util.append(f"GPU util {_pct(nvml)} (NVML)")
-    busy = _mean(_figures(ranks, "trace_busy_pct"))
+    busy = _mean(_figures(ranks, lambda r: r.trace_busy_pct))
     if busy is not None:
         util.append(f"busy {_pct(busy)} (trace)")
-    mfu = _mean(_figures(ranks, "mfu_pct"))
+    mfu = _mean(_figures(ranks, lambda r: r.mfu_pct))
     if mfu is not None:
         util.append(f"MFU {_pct(mfu)}")
     if util:
@@ -115,32 +111,30 @@ def _utilisation_line(run: RunRecord, analysis: Mapping[str, Any]) -> str | None
     exposed = [
         (pct, r)
         for r in ranks
-        if (pct := _num(_dict(r.get("comm")).get("exposed_comm_pct"))) is not None
+        if r.comm is not None and (pct := r.comm.exposed_comm_pct) is not None
     ]
-    total_comm = sum(_num(_dict(r.get("comm")).get("comm_pct")) or 0.0 for r in ranks)
+    total_comm = sum((r.comm.comm_pct or 0.0) if r.comm is not None else 0.0 for r in ranks)
     if exposed and (run.world_size > 1 or total_comm > 0):
         pct, worst = max(exposed, key=lambda t: t[0])
         differ = len({p for p, _ in exposed}) > 1
-        where = f" (worst: rank {worst.get('rank')})" if differ else ""
+        where = f" (worst: rank {worst.rank})" if differ else ""
         groups.append(f"comm {_pct(pct)} exposed{where}")
     return PREFIX + "; ".join(groups) if groups else None
 
 
-def _finding_line(analysis: Mapping[str, Any]) -> str | None:
-    raw = analysis.get("findings")
-    findings = [f for f in raw if isinstance(f, dict)] if isinstance(raw, list) else []
+def _finding_line(analysis: RunAnalysis) -> str | None:
+    findings = given(analysis.findings) or []
     if not findings:
         return None
     top = findings[0]
-    severity = top.get("severity")
-    tag = f" [{severity}]" if isinstance(severity, str) and severity else ""
+    tag = f" [{top.severity}]" if top.severity else ""
     more = f" (+{len(findings) - 1} more in the report)" if len(findings) > 1 else ""
-    return f"{PREFIX}top finding{tag}: {top.get('title', '?')}{more}"
+    return f"{PREFIX}top finding{tag}: {top.title}{more}"
 
 
 def summary_lines(
     run: RunRecord,
-    analysis: Mapping[str, Any] | None,
+    analysis: RunAnalysis | None,
     run_dir: str | os.PathLike[str],
     files: Sequence[str] = (),
 ) -> list[str]:
@@ -153,7 +147,7 @@ def summary_lines(
     where = os.fspath(run_dir)
     saved = f"{PREFIX}run saved to {where}" + (f" ({', '.join(files)})" if files else "")
     lines = [saved]
-    figures = analysis or {}
+    figures = analysis if analysis is not None else RunAnalysis()
     for line in (
         _status_line(run),
         _step_line(run, figures),

@@ -16,6 +16,7 @@ from rich.panel import Panel
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from mgprof.analyze.run.schema import Finding, RunAnalysis, decode_analysis
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run.sections import Section, Table, build_sections
@@ -64,24 +65,29 @@ def _render_failure(summary: FailureSummary, console: Console) -> None:
     console.print()
 
 
-def _finding(finding: Mapping[str, Any], console: Console) -> None:
+def _finding(finding: Finding, console: Console) -> None:
     """Title line (severity, title, stable id), then evidence/cause/change/saving in a grid so a
     wrapped line stays indented under its label."""
-    severity = str(finding.get("severity", ""))
+    severity = finding.severity
     head = Text.assemble(
         rich_text(f"[{severity}] ", _SEVERITY_STYLE.get(severity.lower(), "")),
-        rich_text(str(finding.get("title", "")), "bold"),
+        rich_text(finding.title, "bold"),
     )
-    if finding.get("id"):
-        head.append_text(rich_text(f"  ({finding['id']})", "dim"))
+    if finding.id:
+        head.append_text(rich_text(f"  ({finding.id})", "dim"))
     console.print(head)
     grid = RichTable.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
-    for key in ("evidence", "cause", "change", "saving"):
-        if finding.get(key):
-            value = rich_text(str(finding[key]), multiline=True)
-            grid.add_row(Text("  " + key + ":", style="dim"), value)
+    parts = (
+        ("evidence", finding.evidence),
+        ("cause", finding.cause),
+        ("change", finding.change),
+        ("saving", finding.saving),
+    )
+    for key, text in parts:
+        if text:
+            grid.add_row(Text("  " + key + ":", style="dim"), rich_text(text, multiline=True))
     console.print(grid)
 
 
@@ -116,15 +122,21 @@ def render_section(section: Section, console: Console) -> None:
 
 
 def render_run(
-    run: RunRecord, analysis: Mapping[str, Any], console: Console, *, definitions: bool = False
+    run: RunRecord,
+    analysis: RunAnalysis | Mapping[str, Any],
+    console: Console,
+    *,
+    definitions: bool = False,
 ) -> None:
     """Print the run report: Setup, step time, regions, utilisation, energy, communication,
     memory, data loading, slowest rank, top kernels (with traces), findings; the glossary of
     figure definitions only when asked (``--definitions``: it is long, and the same every run).
 
     A failed run's report opens with the failure summary (``failure_summary``), then Setup;
-    the other sections follow only when enough steps were recorded to give figures.
+    the other sections follow only when enough steps were recorded to give figures. An
+    analysis dict (``analyze_run``'s, run.json's) is decoded first (``decode_analysis``).
     """
+    analysis = decode_analysis(analysis)
     summary = failure_summary(run, analysis)
     if summary is None:
         sections = build_sections(run, analysis)
