@@ -143,6 +143,13 @@ class TrainingFacts(Struct):
     """DataLoaders mgprof resized to the trial's size: ``DataLoader(batch_size=32) -> 8``."""
     batch_size_refused: list[str] | None = None
     """DataLoaders whose batch size could not be set, and why."""
+    batch_source: Literal["forward", "dataloader"] | None = None
+    """Where the automatic session's step batches came from: ``forward`` (the trained module's
+    own inputs, seen by auto-wrap's route) or ``dataloader`` (the batches the DataLoader yielded,
+    when the model's calls were not seen); None for a script's own ``prof.step``."""
+    untrained_samples: int | None = None
+    """Samples the DataLoader yielded that the trained module was never called with (a script
+    that peeks with ``next(iter(loader))``): not counted in any step."""
     cpu_threads: int | None = None
     """``torch.get_num_threads()`` on this rank: intra-op threads for CPU operators."""
     omp_num_threads: str | None = None
@@ -221,6 +228,8 @@ class NoiseScaleRecord(Struct):
 
     version: int = 1
     """Layout of this record; bumped when a field changes meaning."""
+    every: int = 1
+    """One gradient sync in ``every`` was measured (16 by default, 1 with ``--noise-scale``)."""
     source: Literal["ddp", "accumulation"] | None = None
     """``ddp``: mgprof's DDP comm hook saw each rank's gradient before and after the all-reduce;
     ``accumulation``: one process, the first micro-batch's gradient against the accumulated one.

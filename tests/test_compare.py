@@ -19,14 +19,14 @@ from rich.console import Console
 from mgprof.analyze.compare.scaling import (
     Comparison,
     NotApplicable,
-    Row,
+    add_round,
     add_speedups,
     build_row,
+    observed_mode,
     read_comparison,
     trial_batches,
     verdict,
 )
-from mgprof.analyze.run.analysis import steady_state_steps
 from mgprof.cli import main
 from mgprof.records import RankRecord, RunRecord, StepRecord, read_run
 from mgprof.report.compare_view import (
@@ -79,7 +79,7 @@ def test_speedup_and_efficiency_follow_the_throughputs() -> None:
         build_row("single", single, _analysis(single), "s", 8),
         build_row("ddp", ddp, _analysis(ddp), "d", 8, {"available": False, "reason": "x"}),
     ]
-    add_speedups(rows)
+    intervals = add_speedups(rows)
     assert rows[0].speedup == pytest.approx(1.0)
     assert rows[1].samples_per_s == pytest.approx(1000.0)
     assert rows[1].speedup == pytest.approx(1000.0 / 800.0)
@@ -87,8 +87,13 @@ def test_speedup_and_efficiency_follow_the_throughputs() -> None:
     assert rows[1].step_time_ms == pytest.approx(16.0)
     assert rows[1].batch_controlled and rows[1].global_batch == 16
     assert any("sync A/B not available: x" in n for n in rows[1].notes)
-    text = verdict(rows, cpu_fallback=False, mode="weak")
+    # constant step times: the interval is the point itself, and the verdict names the winner
+    assert (rows[1].speedup_low, rows[1].speedup_high) == pytest.approx((1.25, 1.25))
+    text = verdict(rows, cpu_fallback=False, mode="weak", intervals=intervals)
     assert text.startswith("best: ddp") and "1.25x" in text and "62% scaling efficiency" in text
+    assert "95 % interval 1.25–1.25x" in text
+    # without intervals nothing is measurably different
+    assert verdict(rows, False, "weak").startswith("no measurable difference")
 
 
 def test_superlinear_efficiency_is_questioned_and_a_thread_mismatch_named() -> None:
@@ -103,11 +108,12 @@ def test_superlinear_efficiency_is_questioned_and_a_thread_mismatch_named() -> N
         build_row("single", single, _analysis(single), "s", 8),
         build_row("ddp", ddp, _analysis(ddp), "d", 8, ab_asked=False),
     ]
-    add_speedups(rows)
+    intervals = add_speedups(rows)
     assert rows[1].efficiency_pct == pytest.approx(250.0)
     [note] = [n for n in rows[1].notes if n.startswith("superlinear")]
     assert "250 % efficiency" in note and "single 2, ddp 1" in note
-    assert "treat the speedup with care" in verdict(rows, cpu_fallback=True, mode="weak")
+    text = verdict(rows, cpu_fallback=True, mode="weak", intervals=intervals)
+    assert "treat the speedup with care" in text
     # at or below 110 % nothing is said
     ddp2 = _run("ddp", 2, 10.0 / 1.05, 8)
     for rec in ddp2.ranks:
@@ -118,13 +124,99 @@ def test_superlinear_efficiency_is_questioned_and_a_thread_mismatch_named() -> N
     assert not any(n.startswith("superlinear") for n in rows[1].notes)
 
 
+def _synced(run: RunRecord) -> RunRecord:
+    for rec in run.ranks:
+        rec.training.ddp_sync_forwards = 5
+    return run
+
+
 def test_verdict_says_when_more_devices_are_slower() -> None:
-    rows = [Row(strategy="single", devices=1, run="s", status="complete", samples_per_s=100.0)]
-    rows.append(Row(strategy="ddp", devices=2, run="d", status="complete", samples_per_s=70.0))
-    add_speedups(rows)
-    text = verdict(rows, cpu_fallback=True, mode="strong")
-    assert text.startswith("best: single") and "0.70x" in text and "did not pay off" in text
+    single = _run("single", 1, 10.0, 8)  # 800 samples/s
+    ddp = _synced(_run("ddp", 2, 20.0 / 0.7, 4))  # global 8 per 28.6 ms: 280 samples/s
+    rows = [
+        build_row("single", single, _analysis(single), "s", 8),
+        build_row("ddp", ddp, _analysis(ddp), "d", 4, ab_asked=False),
+    ]
+    intervals = add_speedups(rows)
+    text = verdict(rows, cpu_fallback=True, mode="strong", intervals=intervals)
+    assert text.startswith("best: single") and "0.35x" in text and "did not pay off" in text
     assert "CPU ranks over gloo" in text
+
+
+def _noisy_run(strategy: str, world: int, times: list[float], batch: int) -> RunRecord:
+    ranks = [
+        RankRecord(
+            rank=r,
+            world_size=world,
+            strategy=strategy,
+            steps=[
+                StepRecord(index=i, duration_ms=t, batch_size=batch) for i, t in enumerate(times)
+            ],
+        )
+        for r in range(world)
+    ]
+    return _synced(RunRecord(strategy=strategy, world_size=world, ranks=ranks, status="complete"))
+
+
+def test_overlapping_intervals_say_no_measurable_difference() -> None:
+    """Two rows whose step times overlap: the verdict names no winner and gives the interval;
+    the same rows give the same words every time (the bootstrap is seeded)."""
+    a = [10.0, 9.0, 11.5, 8.5, 12.0, 10.5, 9.5, 11.0]
+    b = [10.5, 8.8, 12.0, 9.0, 11.0, 10.0, 9.2, 11.8]
+    single = _noisy_run("single", 1, a, 8)
+    ddp = _noisy_run("ddp", 2, [2 * t for t in b], 8)  # twice the samples in twice the time
+    texts = set()
+    for _ in range(3):
+        rows = [
+            build_row("single", single, _analysis(single), "s", 8),
+            build_row("ddp", ddp, _analysis(ddp), "d", 8, ab_asked=False),
+        ]
+        intervals = add_speedups(rows)
+        texts.add(verdict(rows, False, "weak", intervals=intervals, rounds=2))
+    (text,) = texts
+    assert text.startswith("no measurable difference: ")
+    low, high = rows[1].speedup_low, rows[1].speedup_high
+    assert low is not None and high is not None and low < 1.0 < high
+
+
+def test_a_later_round_joins_the_pool_and_the_busy_machine_is_said() -> None:
+    single = _noisy_run("single", 1, [10.0] * 6, 8)
+    later = _noisy_run("single", 1, [12.0] * 6, 8)
+    row = build_row("single", single, _analysis(single), "s", 8)
+    add_round(row, later, "s-round2")
+    assert row.round_step_ms == [[10.0] * 5, [12.0] * 5] and row.steps_measured == 10
+    assert row.step_time_ms == pytest.approx(11.0)
+    text = verdict([row], False, "unknown", busy=["single: other processes used 1.2 cores"])
+    assert "the machine was busy: single: other processes used 1.2 cores" in text
+
+
+def test_traced_and_post_trace_steps_are_set_apart() -> None:
+    times = [30.0, 12.0, 15.0, 15.0, 15.0, 48.0, 10.0, 10.0, 10.0]
+    run = _noisy_run("single", 1, times, 8)
+    for rec in run.ranks:
+        for s in rec.steps:
+            s.traced = s.index in (2, 3, 4)
+    row = build_row("single", run, _analysis(run), "s", 8)
+    # step 0 warms up, 1 is the profiler's warm-up, 2-4 are traced, 5 writes the trace
+    assert row.round_step_ms == [[10.0, 10.0, 10.0]]
+    assert row.traced_step_ms == pytest.approx(15.0) and row.post_trace_step_ms == 48.0
+    assert row.samples_per_s == pytest.approx(800.0)
+
+
+@pytest.mark.parametrize(
+    ("single_batch", "ddp_batch", "mode"),
+    [(8, 8, "weak"), (8, 4, "strong"), (8, 6, "mixed")],
+)
+def test_the_scaling_mode_is_read_off_the_trained_batches(
+    single_batch: int, ddp_batch: int, mode: str
+) -> None:
+    single = _noisy_run("single", 1, [10.0] * 5, single_batch)
+    ddp = _noisy_run("ddp", 2, [10.0] * 5, ddp_batch)
+    rows = [
+        build_row("single", single, _analysis(single), "s", None),
+        build_row("ddp", ddp, _analysis(ddp), "d", None, ab_asked=False),
+    ]
+    assert observed_mode(rows)[0] == mode
 
 
 def test_uncontrolled_batch_is_said_and_read_from_the_records() -> None:
@@ -135,15 +227,17 @@ def test_uncontrolled_batch_is_said_and_read_from_the_records() -> None:
 
 
 def _comparison() -> Comparison:
+    single = _run("single", 1, 10.0, 8)  # 800 samples/s
+    ddp = _synced(_run("ddp", 2, 10.0 / 0.9, 8))  # 1,440 samples/s: 1.80x, 90 %
     rows = [
-        Row(strategy="single", devices=1, run="s", status="complete", samples_per_s=100.0),
-        Row(strategy="ddp", devices=2, run="d", status="complete", samples_per_s=180.0),
+        build_row("single", single, _analysis(single), "s", 8),
+        build_row("ddp", ddp, _analysis(ddp), "d", 8, ab_asked=False),
     ]
-    add_speedups(rows)
+    intervals = add_speedups(rows)
     return Comparison(
         rows=rows,
         not_applicable=[NotApplicable(strategy="dp", reason="DataParallel needs CUDA GPUs")],
-        verdict=verdict(rows, False, "weak"),
+        verdict=verdict(rows, False, "weak", intervals=intervals),
     )
 
 
@@ -203,6 +297,8 @@ loader = DataLoader(data, batch_size=bs)  # one fixed batch: every step sees the
 
 def save():
     out = os.environ.get("AB_PARAMS_OUT")
+    if out == "run-dir":  # each run its own file: a comparison runs every row twice
+        out = os.path.join(os.environ["MGPROF_RUN_DIR"], "params.pt")
     if out and rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out)
 
@@ -225,7 +321,7 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, C
     script = write_script(tmp, "ab.py", SCRIPT)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
-        mp.setenv("AB_PARAMS_OUT", str(tmp / "params_ab.pt"))
+        mp.setenv("AB_PARAMS_OUT", "run-dir")
         comp = mgprof.compare(
             script,
             gpus=2,
@@ -239,13 +335,30 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, C
     yield tmp / "out" / comp.comparison_id, comp
 
 
-def _samples_per_s(run: RunRecord) -> float:
-    """Recomputed from run.json alone: per rank sum(batch)/sum(time), summed over ranks."""
-    total = 0.0
-    for rank in run.ranks:
-        steps = steady_state_steps(rank.steps)
-        total += sum(s.batch_size or 0 for s in steps) / (sum(s.duration_ms for s in steps) / 1e3)
-    return total
+def _untraced_steps(run: RunRecord) -> tuple[list[float], int]:
+    """Recomputed from run.json alone: per step index the slowest rank's time, leaving out the
+    first step, the profiler's warm-up and traced steps and the step after them; and the
+    samples per step summed over ranks."""
+    by_rank = [{s.index: s for s in rank.steps} for rank in run.ranks]
+    traced = sorted({i for d in by_rank for i, s in d.items() if s.traced})
+    skip = {0}
+    if traced:
+        skip |= set(range(traced[0] - 1, traced[-1] + 2))
+    common = sorted(set.intersection(*(set(d) for d in by_rank)) - skip)
+    times = [max(d[i].duration_ms for d in by_rank) for i in common]
+    samples = sum(d[1].batch_size or 0 for d in by_rank)  # the same in every step here
+    return times, samples
+
+
+def _rate(comp_dir: Path, names: list[str]) -> float:
+    """samples/s over the untraced steps of every round, pooled."""
+    times: list[float] = []
+    samples = 0
+    for name in names:
+        t, samples = _untraced_steps(read_run(comp_dir / name))
+        times += t
+    assert times, "no untraced step in any round"
+    return samples * 1000.0 / (sum(times) / len(times))
 
 
 @pytest.mark.slow
@@ -264,7 +377,14 @@ def test_table_has_rows_columns_and_dp_not_applicable(compared: tuple[Path, Comp
     assert ddp.exposed_comm_pct is not None and ddp.exposed_comm_pct > 0
     assert ddp.ab_sync_ms is not None and ddp.ab_nosync_ms is not None
     assert ddp.ab_comm_pct is not None
-    assert comp.verdict.startswith("best: ")
+    # a winner only when the interval excludes the other row, else no measurable difference
+    if ddp.speedup_low is not None and ddp.speedup_high is not None:
+        clear = ddp.speedup_low > 1.0 or ddp.speedup_high < 1.0
+        assert comp.verdict.startswith("best: " if clear else "no measurable difference")
+    # like for like: the rows ran with the same CPU threads per process
+    assert len({r.cpu_threads for r in comp.rows}) == 1
+    assert comp.cpu_threads_setting == "OMP_NUM_THREADS=1 for every row (set by you)"
+    assert comp.rounds == 2 and all(len(r.rounds_run) == 1 for r in comp.rows)
     on_disk = read_comparison(comp_dir)
     assert on_disk.rows == comp.rows and set(on_disk.runs) == {"single", "ddp"}
     for name in on_disk.runs.values():
@@ -275,15 +395,19 @@ def test_table_has_rows_columns_and_dp_not_applicable(compared: tuple[Path, Comp
 @pytest.mark.slow
 def test_speedup_and_efficiency_match_the_records(compared: tuple[Path, Comparison]) -> None:
     comp_dir, comp = compared
-    single = read_run(comp_dir / comp.runs["single"])
-    ddp = read_run(comp_dir / comp.runs["ddp"])
-    thr_single, thr_ddp = _samples_per_s(single), _samples_per_s(ddp)
-    row = comp.rows[1]
+    base, row = comp.rows
+    thr_single = _rate(comp_dir, [base.run, *base.rounds_run])
+    thr_ddp = _rate(comp_dir, [row.run, *row.rounds_run])
     assert row.samples_per_s == pytest.approx(thr_ddp, rel=1e-9)
     assert row.speedup == pytest.approx(thr_ddp / thr_single, rel=1e-9)
     assert row.efficiency_pct == pytest.approx(100.0 * thr_ddp / thr_single / 2, rel=1e-9)
-    # same measured steps after warm-up for every strategy
-    assert {len(r.steps) for r in single.ranks + ddp.ranks} == {WARMUP + STEPS}
+    # the interval holds the ratio of the untraced step times measured here
+    assert row.speedup_low is not None and row.speedup_high is not None
+    assert row.speedup_low <= thr_ddp / thr_single <= row.speedup_high
+    # same measured steps after warm-up for every strategy and round
+    for r in comp.rows:
+        for name in (r.run, *r.rounds_run):
+            assert {len(rank.steps) for rank in read_run(comp_dir / name).ranks} == {WARMUP + STEPS}
 
 
 @pytest.mark.slow
@@ -318,7 +442,7 @@ def test_nosync_ab_leaves_parameters_bit_identical(compared: tuple[Path, Compari
         extra_env={"MGPROF_BATCH_SIZE": "4", "AB_PARAMS_OUT": str(tmp / "params_plain.pt")},
     )
     assert launch(config).exit_code == 0
-    with_ab = torch.load(tmp / "params_ab.pt")
+    with_ab = torch.load(comp_dir / comp.runs["ddp"] / "params.pt")  # round 1 ran the A/B
     plain = torch.load(tmp / "params_plain.pt")
     assert with_ab.keys() == plain.keys()
     for key in plain:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _data import TRACES
 
+from mgprof.analyze.diff.inputs import HOST_OUTSIDE_OPS
 from tests._spawn import clean_env, python_args, run, run_many
 from tests.test_html_report import CHROMIUM, render_in_chromium
 
@@ -82,11 +83,16 @@ def test_an_injected_sleep_is_found_in_its_region(runs: dict[str, Path], tmp_pat
     assert time["significant"] is True and time["change_pct"] > 0 and time["ci_pct"][0] > 0
     assert diff["change"] == "slower"
     top = diff["attribution"][0]
-    assert (top["kind"], top["name"]) == ("region", "augment")
+    # the sleep is host time outside any operator: the part of the step that grew
+    assert (top["kind"], top["name"]) == ("part", HOST_OUTSIDE_OPS)
     assert 14.0 < top["delta_ms"] < 30.0  # the 20 ms sleep (time.sleep overshoots a little)
     step_delta = diff["metrics"]["step_time"]["new"] - diff["metrics"]["step_time"]["base"]
     assert top["delta_ms"] == pytest.approx(step_delta, rel=0.35)
-    assert "region `augment`" in diff["headline"]
+    assert f"mostly {HOST_OUTSIDE_OPS}" in diff["headline"]
+    # the parts add up to the change; its region shows it too, among the components
+    assert sum(r["delta_ms"] for r in diff["parts"]) == pytest.approx(step_delta, rel=1e-9)
+    region = next(r for r in diff["components"] if r["kind"] == "region" and r["name"] == "augment")
+    assert 14.0 < region["delta_ms"] < 30.0
     assert any(d["field"] == "script arguments" for d in diff["differences"])
     assert diff["comparable"]  # other arguments are the change under test, not another setup
     # the same runs the other way round: faster, so a limit on slowing down passes

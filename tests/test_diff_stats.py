@@ -98,9 +98,33 @@ def test_attribution_names_the_component_that_moved() -> None:
     diff = diff_sides(base, new, [parse_fail_on("5%")])
     assert diff["metrics"]["time"]["significant"] is True
     assert diff["change"] == "slower"
-    assert [r["name"] for r in diff["attribution"]] == ["load"]
-    assert "region `load` (+3.90 ms/step)" in diff["headline"]
+    assert [r["name"] for r in diff["attribution"]] == ["region load"]
+    assert "mostly region `load` (+3.90 ms/step, 97 % of the change)" in diff["headline"]
+    # the parts add up to the change: the regions that moved and the rest
+    assert sum(r["delta_ms"] for r in diff["parts"]) == pytest.approx(4.0)
     assert diff["verdict"] == "fail" and diff["exit_code"] == 1
+
+
+def test_mostly_only_when_one_part_is_more_than_half() -> None:
+    rng = random.Random(4)
+    base_steps = [10 + rng.random() for _ in range(20)]
+    base = _side("a", base_steps, {"forward": 3.0, "backward": 6.0, "load": 0.5})
+    new = _side("b", [s + 4.0 for s in base_steps], {"forward": 4.6, "backward": 7.4, "load": 1.7})
+    diff = diff_sides(base, new)
+    assert "mostly" not in diff["headline"]
+    assert (
+        "the largest part: region `forward` (+1.60 ms/step, 40 % of the change)" in diff["headline"]
+    )
+
+
+def test_the_p_value_and_significance_agree_by_construction() -> None:
+    rng = random.Random(5)
+    for shift in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0):
+        base_steps = [10 + rng.gauss(0, 1) for _ in range(12)]
+        new_steps = [10 + shift * 10 + rng.gauss(0, 1) for _ in range(12)]
+        m = diff_sides(_side("a", base_steps, {}), _side("b", new_steps, {}))["metrics"]["time"]
+        low, high = m["ci_pct"]
+        assert m["significant"] == (m["p_value"] <= 0.05) == (low > 0 or high < 0), shift
 
 
 def test_within_limit_or_not_significant_passes() -> None:

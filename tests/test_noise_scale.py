@@ -351,19 +351,26 @@ def test_ddp_estimate_converges_to_the_analytic_value(tmp_path: Path, ranks: int
 @pytest.mark.slow
 def test_recording_leaves_training_bit_identical(tmp_path: Path) -> None:
     """3 ranks (1/3 is not exact in binary), several buckets, lr > 0: the parameters after 30
-    steps are the same bits with mgprof's hook as with DDP's built-in averaging (the default,
-    where mgprof installs nothing)."""
+    steps are the same bits with mgprof's hook at every sync (``--noise-scale``), with the
+    default sampled norms (DDP's own reducer, read on one sync in 16) and with the norms off
+    (DDP's built-in averaging, mgprof installs nothing)."""
     args = ["--steps", "30", "--lr", "0.05", "--dim", "64", "--bucket-cap-mb", "0.0001"]
     with_hook = _torchrun(tmp_path, 3, *args)
-    without = _torchrun(tmp_path, 3, *args, env=clean_env())  # off by default
+    sampled_out = _torchrun(tmp_path, 3, *args, env=clean_env())  # the default
+    without = _torchrun(tmp_path, 3, *args, env=clean_env(MGPROF_NOISE_SCALE="0"))
     ns, result = _analysed(with_hook)
+    sampled, _ = _analysed(sampled_out)
     off, reference = _analysed(without)
     assert ns["measured"] and ns["steps"] == 30
-    assert off["measured"] is False and "set MGPROF_NOISE_SCALE=1" in off["reason"]
+    assert off["measured"] is False and "turned off" in off["reason"]
+    assert sampled["measured"] and 1 <= sampled["steps"] <= 2  # syncs 0 and 16 of 30
+    (run_dir,) = run_dirs(sampled_out, "linreg")
+    assert {r.noise_scale.every for r in read_run(run_dir).ranks if r.noise_scale} == {16}
     for rank in range(3):
         a = json.loads((with_hook / f"result{rank}.json").read_text())["params"]
         b = json.loads((without / f"result{rank}.json").read_text())["params"]
-        assert a == b and a == reference["params"]
+        c = json.loads((sampled_out / f"result{rank}.json").read_text())["params"]
+        assert a == b == c and a == reference["params"]
     assert result["params"] == reference["params"]
 
 
@@ -434,8 +441,18 @@ def test_the_noise_scale_flag_turns_it_on_from_the_cli(tmp_path: Path) -> None:
     assert figure["band_low"] <= figure["b_simple"] <= figure["band_high"]
     off = run(
         python_args("-m", "mgprof", "analyze", script, "--gpus", "2", "--out", tmp_path / "off",
-                    "--", "--steps", "4"),
+                    "--no-noise-scale", "--", "--steps", "4"),
         cwd=tmp_path, env=env,
     )  # fmt: skip
     assert off.returncode == 0, off.explain()
-    assert "pass --noise-scale" in " ".join(off.stdout.split())
+    assert "turned off (--no-noise-scale" in " ".join(off.stdout.split())
+    default = run(
+        python_args("-m", "mgprof", "analyze", script, "--gpus", "2", "--quiet",
+                    "--out", tmp_path / "default", "--", "--steps", "40"),
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert default.returncode == 0, default.explain()
+    (run_dir,) = (tmp_path / "default").iterdir()
+    ranks = json.loads((run_dir / "run.json").read_text())["ranks"]
+    assert {r["noise_scale"]["every"] for r in ranks} == {16}
+    assert all(1 <= len(r["noise_scale"]["local_sq"]) <= 3 for r in ranks)

@@ -44,7 +44,7 @@ for _ in range(100):
     opt.step()
 """
 
-COMMON = ["--gpus", "2", "--steps", "2", "--warmup", "1", "--trace-steps", "1", "--quiet"]
+COMMON = ["--gpus", "2", "--steps", "4", "--warmup", "1", "--trace-steps", "1", "--quiet"]
 # Measured on the 2-core CI machine: peak RSS growth ~116 MiB + 1 MiB x batch, and the address
 # space holds ~100 MiB more (threads, allocator). Under a 1050 MiB budget 512 fits, 1024 really
 # fails to allocate (one fitted point: no memory model yet, so it is not skipped), and the

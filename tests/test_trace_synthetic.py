@@ -286,19 +286,23 @@ def test_idle_breakdown_and_launch_delay(tmp_path: Path) -> None:
     """HTA's idle categories on one stream, and device start − launch start per kernel."""
     kernels = [  # (start, end, launch at)
         (0.0, 10.0, -5.0),
-        (10.01, 20.0, 1.0),  # launched early, 0.01 us gap < 0.03: kernel wait
+        (
+            15.0,
+            20.0,
+            1.0,
+        ),  # launched early, 5 us gap < 30 us (HTA's effective default): kernel wait
         (30.0, 40.0, 25.0),  # launched after the previous kernel ended: host wait 10
-        (45.0, 50.0, 5.0),  # launched early, 5 us gap: other
+        (80.0, 90.0, 5.0),  # launched early, 40 us gap: other
     ]
-    events = [ev("ProfilerStep#1", "user_annotation", -10, 70, tid=1)]
+    events = [ev("ProfilerStep#1", "user_annotation", -10, 110, tid=1)]
     for i, (start, end, launch) in enumerate(kernels):
         events.append(ev(f"k{i}", "kernel", start, end - start, tid="stream 7", correlation=i))
         events.append(ev("cudaLaunchKernel", "cuda_runtime", launch, 1, tid=1, correlation=i))
     s = analyze_trace_file(write(tmp_path, "rank0.pt.trace.json", events))
     assert s.idle is not None and s.idle.streams == 1
-    assert s.idle.kernel_wait_us == pytest.approx(0.01)
+    assert s.idle.kernel_wait_us == pytest.approx(5.0) and s.idle.threshold_us == 30.0
     assert s.idle.host_wait_us == pytest.approx(10.0)
-    assert s.idle.other_us == pytest.approx(5.0)
+    assert s.idle.other_us == pytest.approx(40.0)
     assert s.launch_delay is not None and s.launch_delay.events == 4
-    assert s.launch_delay.max_us == pytest.approx(40.0)
-    assert s.launch_delay.mean_us == pytest.approx((5 + 9.01 + 5 + 40) / 4)
+    assert s.launch_delay.max_us == pytest.approx(75.0)
+    assert s.launch_delay.mean_us == pytest.approx((5 + 14 + 5 + 75) / 4)

@@ -73,3 +73,43 @@ def fingerprint(batch: Any) -> PendingFingerprint | None:
     if not sample.is_cuda:
         pending.resolve()  # 64 host values: hash now, before the batch can be changed in place
     return pending
+
+
+class ForwardSamples:
+    """Samples the trained module was called with since the last step boundary.
+
+    Auto-wrap's route sees every outer call of the trained module (``collect.wrapping.autowrap``)
+    and adds the leading dimension of the call's first tensor when the call trains (the module
+    in training mode, autograd on). That is the batch that was trained: a batch the script only
+    fetched (``next(iter(loader))`` to peek at it) never reaches the model, and a script without a
+    DataLoader (nanoGPT's ``get_batch``) still has one. Gradient accumulation adds up the
+    micro-batches of one update.
+    """
+
+    __slots__ = ("calls", "samples", "total_calls")
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.calls = 0
+        self.total_calls = 0
+
+    def add(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        size = batch_size_of(args) if args else None
+        if size is None and kwargs:
+            size = batch_size_of(list(kwargs.values()))
+        if size is None:
+            return
+        self.samples += size
+        self.calls += 1
+        self.total_calls += 1
+
+    def take(self) -> int | None:
+        """The samples since the last call (None when the model was not called), and reset."""
+        if not self.calls:
+            return None
+        size, self.samples, self.calls = self.samples, 0, 0
+        return size
+
+
+forward_samples = ForwardSamples()
+"""This process's counter: one trained module per process is routed at a time."""

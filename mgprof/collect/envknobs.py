@@ -9,9 +9,16 @@ MEMORY_ENV = "MGPROF_MEMORY"
 """Set to 1 by ``--memory``: every session of the script tracks memory."""
 
 NOISE_SCALE_ENV = "MGPROF_NOISE_SCALE"
-"""``1`` records the gradient norms behind the gradient noise scale (docs/noise-scale.md). Off by
-default: on 2 CPU ranks the norms (and mgprof's comm hook) cost 3-16 % of a DDP step
-(benchmarks/bench_noise_scale.py, docs/benchmarks.md), above the 1 % a default may cost."""
+"""The gradient norms behind the gradient noise scale (docs/noise-scale.md): ``1`` at every
+gradient sync (``--noise-scale``; 3-16 % of a CPU DDP step through mgprof's comm hook), ``0``
+never (``--no-noise-scale``), unset: on a sample of a DDP model's syncs (one in
+``MGPROF_NOISE_SCALE_EVERY``), read without a comm hook, so the steps between cost nothing
+(benchmarks/bench_noise_scale.py, docs/benchmarks.md)."""
+NOISE_SCALE_EVERY_ENV = "MGPROF_NOISE_SCALE_EVERY"
+"""Syncs per measured sync in the default (sampled) mode."""
+NOISE_SCALE_EVERY = 16
+"""One sync in 16: the sampled norms then cost under 1 % of a CPU DDP step
+(benchmarks/bench_noise_scale.py)."""
 
 
 PRECISION_ENV = "MGPROF_PRECISION"
@@ -26,9 +33,28 @@ for torch, ``random`` and numpy) so their losses are comparable; a script's own 
 replaces it, identically in every row."""
 
 
+def noise_scale_mode() -> str:
+    """``every`` (``MGPROF_NOISE_SCALE=1``), ``off`` (``0``), else ``sampled``: the default."""
+    value = os.environ.get(NOISE_SCALE_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return "every"
+    if value in ("0", "false", "no", "off"):
+        return "off"
+    return "sampled"
+
+
 def noise_scale_enabled() -> bool:
-    """Whether mgprof records the gradient norms for the noise scale in this process."""
-    return os.environ.get(NOISE_SCALE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+    """Whether mgprof records the gradient norms at every sync (``--noise-scale``)."""
+    return noise_scale_mode() == "every"
+
+
+def noise_scale_every() -> int:
+    """Syncs per measured sync in the sampled mode (``MGPROF_NOISE_SCALE_EVERY``, default 16);
+    an unusable value falls back to the default (a launcher setting, never the script's)."""
+    try:
+        return max(1, int(os.environ.get(NOISE_SCALE_EVERY_ENV, "") or NOISE_SCALE_EVERY))
+    except ValueError:
+        return NOISE_SCALE_EVERY
 
 
 def positive_int_env(name: str, default: int, *, blank_is_default: bool = False) -> int:

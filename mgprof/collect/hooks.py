@@ -127,6 +127,12 @@ def _ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         watch_wrapper(self)
     except Exception as exc:
         _report("DDP hook", exc)
+    try:
+        from mgprof.collect import noise_scale
+
+        noise_scale.attach_sampled(self)  # the script's own DDP is measured too
+    except Exception as exc:
+        _report("noise scale", exc)
 
 
 def _dp_init(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -18,6 +18,15 @@ nothing and says so.
 
 With one process and gradient accumulation, a global optimizer pre-step hook and one gradient
 hook on one parameter compare the first micro-batch's gradient with the accumulated one.
+
+By default (``MGPROF_NOISE_SCALE`` unset) the norms are read on one DDP sync in
+``MGPROF_NOISE_SCALE_EVERY`` (16), and without a comm hook (``SampledNorms``): on a sampled
+sync, a gradient hook per parameter takes this rank's gradient as it reaches the parameter (plus
+what ``no_sync`` micro-steps accumulated before it), and a callback after DDP's own finaliser
+takes the averaged ``.grad``. The other syncs run DDP's built-in reducer untouched, so they cost
+nothing; the model need not be mgprof's (a script's own DDP is measured too, unless it registered
+a comm hook of its own, which changes what the average is). ``--noise-scale`` measures every
+sync through the comm hook, as before; ``--no-noise-scale`` turns the norms off.
 """
 
 from __future__ import annotations
@@ -32,7 +41,12 @@ import torch
 
 from mgprof.analyze.run.noise_scale import Ema, estimate_pair
 from mgprof.collect.batchinfo import batch_size_of
-from mgprof.collect.envknobs import NOISE_SCALE_ENV, noise_scale_enabled
+from mgprof.collect.envknobs import (
+    NOISE_SCALE_ENV,
+    noise_scale_enabled,
+    noise_scale_every,
+    noise_scale_mode,
+)
 from mgprof.collect.failopen import report
 from mgprof.records import NoiseScaleRecord
 
@@ -42,9 +56,10 @@ RESOLVE_EVERY = 64
 ACCUM_GIVE_UP = 3
 """Updates with one backward each after which the one-process probe removes its hooks."""
 
-OFF_REASON = (
-    "off by default (the norms read the gradients twice more per step); pass --noise-scale to "
-    f"mgprof analyze/compare/sweep (or set {NOISE_SCALE_ENV}=1) to measure it"
+OFF_REASON = f"turned off (--no-noise-scale, or {NOISE_SCALE_ENV}=0)"
+ONE_PROCESS_DEFAULT_REASON = (
+    "one process: by default mgprof measures the noise scale on DDP runs; with gradient "
+    f"accumulation pass --noise-scale (or set {NOISE_SCALE_ENV}=1) to measure it here"
 )
 ONE_RANK_REASON = (
     "one rank and one backward per update: the noise scale needs 2 or more DDP ranks, or "
@@ -120,6 +135,23 @@ class HookState:
         self.current = _Sync()
         self.samples = 0
         self.samples_known = True
+        self.every = 1 if noise_scale_enabled() else noise_scale_every()
+        """Syncs per measured sync (1 with ``--noise-scale``)."""
+        self._syncs = 0
+        self._first_bucket = True
+
+    def sampled(self) -> bool:
+        """Whether the sync whose bucket the hook is handling is one to measure; called once
+        per bucket, in order, the last bucket closing the sync."""
+        if self._first_bucket:
+            self._first_bucket = False
+            self._measure = self._syncs % self.every == 0
+            self._syncs += 1
+        return self._measure
+
+    def bucket_done(self, last: bool) -> None:
+        if last:
+            self._first_bucket = True
 
     def count_forward(self, module: Any, args: Any) -> None:
         """Forward pre-hook: samples this rank feeds into the next gradient sync."""
@@ -186,11 +218,15 @@ def averaging_allreduce(state, bucket):  # type: ignore[no-untyped-def]
 
     buf = bucket.buffer()
     local = None
-    if state.record:
+    measure = state.record and state.sampled()
+    state.bucket_done(bucket.is_last())
+    if measure:
         try:
             local = _norm(buf)
         except Exception as exc:
             state.fail(exc)
+    elif state.record and bucket.is_last():
+        state.samples, state.samples_known = 0, True  # an unmeasured sync: its forwards end here
     if state.exact:
         buf.mul_(1.0 / state.size)  # the reducer's own scaling (Reducer::copy_grad_to_bucket)
     else:
@@ -287,6 +323,114 @@ class AccumulationProbe:
         self._handles.append(sentinel.register_post_accumulate_grad_hook(self._on_grad))
 
 
+class SampledNorms:
+    """One sync in ``every`` of a DDP model, measured without a comm hook (module docstring).
+
+    The forward pre-hook counts the samples of each sync and, before a sampled sync's backward,
+    adds a gradient hook to every trainable parameter (removed when the backward ends): it takes
+    the norm of the gradient reaching the parameter plus what earlier ``no_sync`` micro-steps
+    left in ``.grad``, i.e. this rank's own gradient before DDP averages it. The first
+    post-accumulate hook queues a callback; that callback queues another, which the autograd
+    engine runs after DDP's finaliser (queued when the last bucket became ready), so the
+    averaged ``.grad`` is final when its norms are taken. Reading only: the training is
+    bit-identical."""
+
+    def __init__(self, ddp: Any, every: int) -> None:
+        self.every = max(1, every)
+        self.size = int(ddp.process_group.size())
+        self.params = [p for p in ddp.module.parameters() if p.requires_grad]
+        self.syncs = 0
+        self.samples = 0
+        self.samples_known = True
+        self._handles: list[Any] = []
+        self._current: _Sync | None = None
+        self._queued = False
+        self.broken = False
+
+    def forward(self, module: Any, args: Any) -> None:
+        try:
+            recorder.fold_if_idle()
+            if not torch.is_grad_enabled() or self.broken:
+                return
+            size = batch_size_of(args)
+            if size is None:
+                self.samples_known = False
+            else:
+                self.samples += size
+            if not getattr(module, "require_backward_grad_sync", True):
+                return  # a no_sync micro-step: its samples join the next sync
+            samples = self.samples if self.samples_known and self.samples > 0 else None
+            self.samples, self.samples_known = 0, True
+            measure = self.syncs % self.every == 0
+            self.syncs += 1
+            if measure and self._current is None:
+                self._arm(samples)
+        except Exception as exc:
+            self.fail(exc)
+
+    def _arm(self, samples: int | None) -> None:
+        sync = _Sync()
+        sync.samples, sync.group_size = samples, self.size
+        self._current, self._queued = sync, False
+        for p in self.params:
+            self._handles.append(p.register_hook(self._local_hook(p, sync)))
+            self._handles.append(p.register_post_accumulate_grad_hook(self._after_accumulate))
+
+    def _local_hook(self, param: Any, sync: _Sync) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            try:
+                prior = param.grad
+                own = grad if prior is None or prior.is_sparse else prior + grad
+                sync.local.append(_norm(own))
+            except Exception as exc:
+                self.fail(exc)
+
+        return hook
+
+    def _after_accumulate(self, param: Any) -> None:
+        if self._queued:
+            return
+        self._queued = True
+        try:
+            _queue_after_backward(lambda: _queue_after_backward(self._averaged))
+        except Exception as exc:
+            self.fail(exc)
+
+    def _averaged(self) -> None:
+        sync, self._current = self._current, None
+        self._remove()
+        if sync is None:
+            return
+        try:
+            by_device: dict[torch.device, list[torch.Tensor]] = {}
+            for p in self.params:
+                if p.grad is not None and not p.grad.is_sparse:
+                    by_device.setdefault(p.grad.device, []).append(p.grad.detach())
+            sync.avg = [
+                torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
+                for grads in by_device.values()
+            ]
+            sync.local = [torch.stack(sync.local)] if sync.local else []
+        except Exception as exc:
+            self.fail(exc)
+            return
+        recorder.add(sync)
+
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop measuring this model; its training is untouched."""
+        self.broken = True
+        self._current = None
+        self._remove()
+        recorder.drop("a norm could not be computed")
+        recorder.reason = f"the gradient norms failed: {type(exc).__name__}: {exc}"
+        report("noise scale", exc)
+
+
 class NoiseRecorder:
     """The process's gradient syncs, which session step each belongs to, and the running EMA."""
 
@@ -298,6 +442,7 @@ class NoiseRecorder:
         self._ema = Ema()
         self._ema_seq = -1
         self.states: list[HookState] = []
+        self.probes: list[SampledNorms] = []
         self.reason: str | None = None
         self.session = False
         self.probe: AccumulationProbe | None = None
@@ -447,13 +592,16 @@ class NoiseRecorder:
             if self.probe is not None:
                 self.probe.uninstall()
             self._resolve_pending()
-            recording = [s for s in self.states if s.record]
+            recording = [s.size for s in self.states if s.record]
+            recording += [p.size for p in self.probes if not p.broken]
             if self.source is None and recording:  # measuring, but no step measured yet
                 self.source = "ddp"
-                self.group_size = max(s.size for s in recording)
+                self.group_size = max(recording)
             self.session = False
             self._unstepped = []
+            every = [getattr(st, "every", 1) for st in self.states] + [p.every for p in self.probes]
             record = NoiseScaleRecord(
+                every=max(every, default=1),
                 source=self.source,  # type: ignore[arg-type]
                 reason=None if self.source else self._why_not(world_size, ddp_forwards),
                 group_size=self.group_size,
@@ -469,15 +617,14 @@ class NoiseRecorder:
             return record
 
     def _why_not(self, world_size: int, ddp_forwards: int | None) -> str:
-        if not noise_scale_enabled():
-            if world_size <= 1:
-                return OFF_REASON + " (with one rank it also needs gradient accumulation)"
+        mode = noise_scale_mode()
+        if mode == "off":
             return OFF_REASON
         if self.reason is not None:
             return self.reason
         if world_size <= 1:
-            return ONE_RANK_REASON
-        if ddp_forwards:
+            return ONE_RANK_REASON if mode == "every" else ONE_PROCESS_DEFAULT_REASON
+        if ddp_forwards and mode == "every":
             return OWN_DDP_REASON
         return NO_DDP_REASON
 
@@ -499,6 +646,7 @@ def install(ddp: Any, hook: Callable[..., Any], *, record: bool) -> HookState | 
             )
         return None
     ddp.register_comm_hook(state, hook)
+    ddp._mgprof_hooked = True  # the sampled probe leaves this model to the hook
     if state.record:
         ddp.register_forward_pre_hook(state.count_forward)
         recorder.states.append(state)
@@ -531,7 +679,50 @@ def install_at_first_forward(ddp: Any, hook: Callable[..., Any]) -> None:
 
 
 def enabled() -> bool:
+    """Every sync is measured through mgprof's comm hook (``--noise-scale``)."""
     return noise_scale_enabled()
+
+
+def mode() -> str:
+    return noise_scale_mode()
+
+
+def attach_sampled(ddp: Any) -> None:
+    """Measure ``ddp``'s syncs without a comm hook (``SampledNorms``), decided at its first
+    forward: not when a comm hook is registered by then (the script's own changes what the
+    average is; mgprof's A/B hook measures itself), nor a model mgprof built under
+    ``--noise-scale`` (its comm hook measures every sync), nor with the norms off."""
+    current = mode()
+    if current == "off" or getattr(ddp, "_mgprof_noise", False):
+        return
+    ddp._mgprof_noise = True
+    handle: Any = None
+
+    def first_forward(module: Any, args: Any) -> None:
+        handle.remove()
+        try:
+            if getattr(module, "_mgprof_hooked", False):
+                return  # mgprof's comm hook measures this model
+            if current == "every" and getattr(module, "_mgprof_built", False):
+                return  # --noise-scale: the comm hook mgprof installs measures every sync
+            own = list(getattr(module, "_comm_hooks", []) or [])
+            if own:
+                name = getattr(own[0][0], "__qualname__", "a comm hook")
+                recorder.reason = (
+                    f"the script registered its own DDP comm hook ({name}): the gradient DDP "
+                    "averages is then the hook's, so mgprof did not measure the norms"
+                )
+                return
+            if int(module.process_group.size()) < 2:
+                return
+            probe = SampledNorms(module, 1 if current == "every" else noise_scale_every())
+            recorder.probes.append(probe)
+            module.register_forward_pre_hook(probe.forward)
+            probe.forward(module, args)  # this forward already passed its hooks
+        except Exception as exc:  # fail open: DDP's own averaging runs, unmeasured
+            report("noise scale", exc)
+
+    handle = ddp.register_forward_pre_hook(first_forward)
 
 
 def noise_scale(batch_size: int | None = None) -> float | None:

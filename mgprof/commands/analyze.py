@@ -28,7 +28,7 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         dest="active",
-        help="steps traced by torch.profiler after warm-up (default: 3)",
+        help="steps traced by torch.profiler after warm-up; 0 traces none (default: 3)",
     )
     p.add_argument("--out", default="mgprof-runs", help="parent folder of run directories")
     p.add_argument("--quiet", action="store_true", help="no progress display")
@@ -53,12 +53,24 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         "CUDA the allocator's history with a snapshot (memory/rank<N>.*.json) at the end of "
         "the traced steps and at an out-of-memory error",
     )
-    p.add_argument(
+    noise = p.add_mutually_exclusive_group()
+    noise.add_argument(
         "--noise-scale",
-        action="store_true",
-        help="record DDP's local and averaged gradient norms and report the gradient noise "
-        "scale B_simple (the batch past which more samples per step buy little; "
-        "docs/noise-scale.md); off by default: costs 3-16 %% of a CPU DDP step",
+        dest="noise_scale",
+        action="store_const",
+        const=True,
+        default=None,
+        help="measure DDP's local and averaged gradient norms at every sync for the gradient "
+        "noise scale B_simple (the batch past which more samples per step buy little; "
+        "docs/noise-scale.md): 3-16 %% of a CPU DDP step. By default they are read on one DDP "
+        "sync in 16, without a comm hook (under 1 %% of a step)",
+    )
+    noise.add_argument(
+        "--no-noise-scale",
+        dest="noise_scale",
+        action="store_const",
+        const=False,
+        help="do not read the gradient norms at all",
     )
     multi = p.add_argument_group("multi-node (passed to torchrun)")
     multi.add_argument("--nnodes", type=int, default=1)
@@ -145,7 +157,7 @@ def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
         auto_wrap=getattr(args, "auto_wrap", True),
         max_cpu_ranks=getattr(args, "max_cpu_ranks", None),
         memory=getattr(args, "memory", False),
-        noise_scale=getattr(args, "noise_scale", False),
+        noise_scale=getattr(args, "noise_scale", None),
         precision=getattr(args, "precision", None),
         # a machine-read report owns stdout: the script's own output goes to stderr
         script_stdout_to_stderr=getattr(args, "format", "term") in ("json", "md"),

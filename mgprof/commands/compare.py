@@ -15,12 +15,14 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "compare",
         usage="mgprof compare SCRIPT --gpus N [--strategies single,dp,ddp] [--steps K] "
-        "[--batch-size B [--global-batch]] [--precision fp32,bf16] [--out DIR] "
+        "[--rounds R] [--batch-size B [--global-batch]] [--precision fp32,bf16] [--out DIR] "
         "[-- SCRIPT_ARGS]",
         help="run a script as single device, DataParallel and DDP and compare them",
-        description="Run SCRIPT (which uses mgprof.wrap) under each strategy with the same "
-        "warm-up and measured steps, and print speedup, scaling efficiency, communication "
-        "share and peak memory per device, with a verdict.",
+        description="Run SCRIPT, unmodified, under each strategy with the same warm-up, "
+        "measured steps and CPU threads per process, in interleaved rounds, and print step "
+        "time, speedup with its 95 % interval, scaling efficiency, communication share and "
+        "peak memory per device, with a verdict that names a winner only when the intervals "
+        "say so.",
     )
     add_launch_arguments(p)
     p.set_defaults(steps=10)
@@ -50,6 +52,15 @@ def register(subparsers: Any) -> None:
         "(autocast around the trained module's forward; fp16 with a GradScaler where mgprof "
         "can insert one), seeded alike, with speedup, memory and the loss against the fp32 "
         "row (docs/precision.md)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        metavar="R",
+        help="run every row R times, interleaved (single, ddp, single, ddp...): the first "
+        "round traced, the others not; the speedup intervals come from all of them "
+        "(default: 2)",
     )
     p.add_argument(
         "--nosync-steps",
@@ -93,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             memory=args.memory,
             noise_scale=args.noise_scale,
             precisions=args.precision,
+            rounds=args.rounds,
         )
     where = Path(args.out) / comp.comparison_id
     if args.format == "json":

@@ -19,10 +19,10 @@ def register(subparsers: Any) -> None:
         help="find the batch-size sweet spot (throughput vs memory vs communication)",
         description="Run SCRIPT at several batch sizes (each trial its own processes), growing "
         "the batch geometrically until it runs out of memory or stops paying, then bisecting. "
-        "The script reads its batch size with mgprof.batch_size(default).",
+        "The batch reaches an unmodified script through its DataLoader (or mgprof.batch_size()).",
     )
     add_launch_arguments(p)
-    p.set_defaults(steps=5)
+    p.set_defaults(steps=8)  # 3 traced + 1 writing the trace: 4 untraced steps measure it
     p.add_argument(
         "--strategy", choices=["single", "dp", "ddp"], default=None,
         help="default: ddp when --gpus > 1, else single",

@@ -23,6 +23,7 @@ SHORT_COLUMNS = (
     "step\nms",
     "samples\n/s",
     "speedup",
+    "95 %\ninterval",
     "eff.",
     "comm\ntrace",
     "comm\nA/B",
@@ -38,6 +39,7 @@ COLUMNS = (
     "step time (ms)",
     "samples/s",
     "speedup",
+    "speedup 95 % interval",
     "efficiency",
     "exposed comm (trace)",
     "comm (sync A/B)",
@@ -60,6 +62,12 @@ def _memory(row: Row) -> str:
     return "/".join(_f(v, ".0f") for v in row.peak_mem_mib)
 
 
+def _interval(low: float | None, high: float | None) -> str:
+    if low is None or high is None:
+        return "n/a"
+    return f"{low:.2f}–{high:.2f}x"
+
+
 def row_label(row: Row) -> str:
     """``ddp`` or, with precision rows, ``ddp bf16``."""
     return row.strategy if row.precision is None else f"{row.strategy} {row.precision}"
@@ -75,6 +83,7 @@ def row_cells(row: Row) -> list[str]:
         _f(row.step_time_ms, ".1f"),
         _f(row.samples_per_s, ".1f"),
         _f(row.speedup, ".2f", "x"),
+        "-" if row.strategy == "single" else _interval(row.speedup_low, row.speedup_high),
         _f(row.efficiency_pct, ".0f", "%"),
         _f(row.exposed_comm_pct, ".1f", "%"),
         _f(row.ab_comm_pct, ".1f", "%"),
@@ -159,12 +168,17 @@ def precision_lines(comp: Comparison) -> list[str]:
     return lines
 
 
+MODE_WORDS = {
+    "weak": "weak scaling (per-device batch the same in every row; throughput scaling)",
+    "strong": "strong scaling (global batch the same in every row; ranks share it)",
+    "mixed": "mixed (neither the global nor the per-device batch is the same; throughput ratio)",
+    "unknown": "unknown (a row's batch per step was not seen)",
+}
+
+
 def header_lines(comp: Comparison) -> list[str]:
-    """What was compared: script, scaling mode, steps; the batch rule in words."""
-    if comp.mode == "weak":
-        scaling = "weak scaling (per-device batch fixed; throughput scaling)"
-    else:
-        scaling = "strong scaling (global batch fixed; DDP ranks share it)"
+    """What was compared: script, the scaling the batches showed, steps, rounds, threads."""
+    scaling = MODE_WORDS.get(comp.mode, comp.mode)
     batch = (
         f"--batch-size {comp.batch_size}"
         if comp.batch_size is not None
@@ -173,12 +187,53 @@ def header_lines(comp: Comparison) -> list[str]:
     lines = [
         f"script: {comp.script} {' '.join(comp.script_args)}".rstrip(),
         f"mode: {scaling}; batch: {batch}",
-        f"steps: {comp.warmup} warm-up + {comp.steps} measured per strategy; "
-        f"sync A/B: {comp.nosync_steps} steps each with and without gradient sync",
     ]
+    if comp.mode_basis:
+        lines.append(f"observed: {comp.mode_basis}")
+    if comp.schema_version < 2:  # recorded before untraced steps and intervals
+        lines.append(
+            f"steps: {comp.warmup} warm-up + {comp.steps} measured per strategy, traced steps "
+            "included and no interval (recorded by an earlier mgprof; compare again for both)"
+        )
+        if comp.cpu_note:
+            lines.append(f"CPU: {comp.cpu_note}")
+        return lines
+    rounds = (
+        f"; {comp.rounds} rounds per row, interleaved (round 1 traced, the others not)"
+        if comp.rounds > 1
+        else "; 1 round per row"
+    )
+    lines.append(
+        f"steps: {comp.warmup} warm-up + {comp.steps} measured per run{rounds}; step time and "
+        "speedup from untraced steady-state steps only"
+        + (
+            f"; sync A/B: {comp.nosync_steps} steps each with and without gradient sync"
+            if comp.nosync_steps
+            else ""
+        )
+    )
+    if comp.cpu_threads_setting:
+        lines.append(f"threads: {comp.cpu_threads_setting}")
     if comp.cpu_note:
         lines.append(f"CPU: {comp.cpu_note}")
     return lines
+
+
+def _set_apart(row: Row) -> str | None:
+    """The steps a row's figures leave out, with their times."""
+    parts = []
+    if row.traced_step_ms is not None:
+        parts.append(f"traced steps {row.traced_step_ms:.1f} ms")
+    if row.post_trace_step_ms is not None:
+        parts.append(f"the step writing the trace {row.post_trace_step_ms:.1f} ms")
+    if not parts:
+        return None
+    return (
+        f"{', '.join(parts)} (not in its figures: {row.steps_measured} untraced steps "
+        f"{row.step_time_ms:.1f} ms)"
+        if row.step_time_ms is not None
+        else ", ".join(parts) + " (not in its figures)"
+    )
 
 
 def note_lines(comp: Comparison) -> list[str]:
@@ -187,10 +242,14 @@ def note_lines(comp: Comparison) -> list[str]:
     lines += precision_lines(comp)
     for row in comp.rows:
         lines += [f"{row_label(row)}: {note}" for note in row.notes]
+        apart = _set_apart(row)
+        if apart is not None:
+            lines.append(f"{row_label(row)}: {apart}")
     if any(not r.batch_controlled for r in comp.rows):
         lines.append("* batch read from the records, not set by mgprof (see notes)")
     lines.append(
-        "speedup = samples/s ÷ single's samples/s; efficiency = speedup ÷ devices; comm trace "
+        "speedup = samples/s ÷ single's samples/s, with its 95 % interval (bootstrap over "
+        "rounds and steps); efficiency = speedup ÷ devices; comm trace "
         "= exposed communication share of the trace window; comm A/B = step time saved "
         "without gradient sync; peak memory per device (CUDA allocated, or process RSS on CPU)"
     )

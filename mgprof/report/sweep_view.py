@@ -122,9 +122,20 @@ def facts(result: SweepResult) -> list[tuple[str, str]]:
         if result.capacity_mib is not None
         else "unknown (no memory boundary on CPU without --memory-budget-mib)"
     )
+    spot = _batch(result, result.sweet_spot)
+    if result.sweet_spot_vs_best is not None and result.sweet_spot != result.throughput_optimal:
+        ratio, low, high = result.sweet_spot_vs_best
+        spot += (
+            f"; {100 * ratio:.0f} % of the best throughput (95 % interval "
+            f"{100 * low:.0f}–{100 * high:.0f} %)"
+        )
+    optimal = _batch(result, result.throughput_optimal)
+    if result.tied_with_optimal:
+        tied = ", ".join(str(b) for b in result.tied_with_optimal)
+        optimal += f"; not measurably faster than batch {tied} (95 % intervals hold 1)"
     out = [
-        ("sweet spot", _batch(result, result.sweet_spot)),
-        ("throughput-optimal", _batch(result, result.throughput_optimal)),
+        ("sweet spot", spot),
+        ("throughput-optimal", optimal),
         (f"largest fit ({margin_pct} headroom)", _batch(result, result.largest_fit)),
         ("first OOM", str(result.first_oom) if result.first_oom is not None else "none seen"),
         (

@@ -154,6 +154,12 @@ class AutoInstrument:
             self.session.stop(error=error)
 
 
+def _active_steps() -> int:
+    """Traced steps (``--trace-steps``; 0 traces none); 3 when the launcher did not say."""
+    found = _env_int(ACTIVE_ENV)
+    return 3 if found is None else max(found, 0)
+
+
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     return int(value) if value not in (None, "") else None
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     auto = AutoInstrument(
         warmup=_env_int(WARMUP_ENV) or 0,
         steps=_env_int(STEPS_ENV),
-        active=_env_int(ACTIVE_ENV) or 3,
+        active=_active_steps(),
         limit_explicit=os.environ.get(COMPARE_ENV) == "1",
         ab=_nosync_ab(),
     )
@@ -319,9 +325,9 @@ def _install_precision(auto: AutoInstrument) -> Any:
 
 
 def _install_autowrap(precision: Any = None) -> Any:
-    """Under dp/ddp, watch for the trained model so a script that does not wrap it still
-    synchronises its gradients (``mgprof.collect.wrapping.autowrap``); under ``--precision``, watch
-    for it under every strategy. None when there is nothing to watch for."""
+    """Watch for the trained model (``mgprof.collect.wrapping.autowrap``): under dp/ddp so a
+    script that does not wrap it still synchronises its gradients, under ``--precision`` to run
+    it in that precision, and under every strategy to count the samples each step trains."""
     from mgprof.collect.wrapping.autowrap import AutoWrap, enabled
 
     strategy = os.environ.get("MGPROF_STRATEGY") or "single"
@@ -330,14 +336,15 @@ def _install_autowrap(precision: Any = None) -> Any:
 
     if strategy in ("ddp", "dp") and not enabled():
         hooks.note_fact("auto_wrap", None)
-    if not wrap and precision is None:
-        return None
     import torch
 
     if wrap and strategy == "ddp" and torch.cuda.is_available():
         # a script that says torch.device("cuda") then lands on this rank's own device
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    autowrap = AutoWrap(strategy, note=hooks.note_fact, precision=precision, wrap=wrap)
+    # found under every strategy: its calls give each step's trained batch (batchinfo)
+    autowrap = AutoWrap(
+        strategy, note=hooks.note_fact, precision=precision, wrap=wrap, observe=True
+    )
     if precision is not None:
         precision._optimizers = autowrap.optimizers
     autowrap.install()

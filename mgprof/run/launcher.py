@@ -108,8 +108,9 @@ class LaunchConfig:
     """CPU ranks allowed without CUDA; None: ``CPU_RANKS_PER_CORE`` x this machine's cores."""
     memory: bool = False
     """Track memory in every rank (``--memory``): profiler memory events, allocator history."""
-    noise_scale: bool = False
-    """Record the gradient norms behind the gradient noise scale (``--noise-scale``)."""
+    noise_scale: bool | None = None
+    """The gradient norms behind the noise scale: True at every sync (``--noise-scale``), False
+    never (``--no-noise-scale``), None on a sample of a DDP model's syncs (the default)."""
     precision: str | None = None
     """fp32, bf16 or fp16: the trained module's forward runs under that autocast setting and
     the loss is recorded (``--precision``); None: the script's own."""
@@ -139,8 +140,8 @@ class LaunchConfig:
             raise UsageError(f"--steps must be at least 1, got {self.steps}")
         if self.warmup < 0:
             raise UsageError(f"--warmup must be 0 or more, got {self.warmup}")
-        if self.active < 1:
-            raise UsageError(f"--trace-steps must be at least 1, got {self.active}")
+        if self.active < 0:
+            raise UsageError(f"--trace-steps must be 0 (no trace) or more, got {self.active}")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             raise UsageError(
                 f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1} (--nnodes)"
@@ -276,8 +277,8 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
         env[AUTO_WRAP_ENV] = "0"
     if config.memory:
         env[MEMORY_ENV] = "1"
-    if config.noise_scale:
-        env[NOISE_SCALE_ENV] = "1"
+    if config.noise_scale is not None:
+        env[NOISE_SCALE_ENV] = "1" if config.noise_scale else "0"
     if config.precision is not None:
         env[PRECISION_ENV] = config.precision
     if config.seed is not None:

@@ -33,19 +33,27 @@ from mgprof.analyze.compare.scaling import (
     Comparison,
     NotApplicable,
     Row,
+    add_round,
     add_speedups,
     analysis_rows,
     build_row,
+    differences,
     encode_comparison,
+    observed_mode,
+    row_name,
     trial_batches,
     verdict,
 )
 from mgprof.atomic import write_bytes_atomic
 from mgprof.errors import UsageError
+from mgprof.records import RunRecord
 from mgprof.run.launcher import STRATEGIES
+from mgprof.run.machine_load import LoadMeter, MachineLoad
 
 DEFAULT_STEPS = 10
 DEFAULT_NOSYNC_STEPS = 6
+DEFAULT_ROUNDS = 2
+MAX_ROUNDS = 20
 
 
 def _parse_list(
@@ -96,7 +104,10 @@ def _validate(
     batch_size: int | None,
     global_batch: bool,
     nosync_steps: int,
+    rounds: int = DEFAULT_ROUNDS,
 ) -> None:
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise UsageError(f"--rounds must be between 1 and {MAX_ROUNDS}, got {rounds}")
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
     if steps < 1:
@@ -154,15 +165,18 @@ def compare(
     on_progress: Callable[[str, dict[int, int]], None] | None = None,
     auto_wrap: bool = True,
     memory: bool = False,
-    noise_scale: bool = False,
+    noise_scale: bool | None = None,
     precisions: str | Sequence[str] | None = None,
+    rounds: int = DEFAULT_ROUNDS,
 ) -> Comparison:
     """Run ``script`` under each strategy and return the comparison, also saved as
     ``<out>/<comparison_id>/comparison.json`` beside the strategies' run directories.
 
     ``batch_size``: per-device batch (weak scaling) or, with ``global_batch``, the global batch
     (strong scaling); None leaves the script's own batch. ``nosync_steps``: steps each with and
-    without gradient sync in the DDP A/B (0 turns it off). ``precisions``: each strategy runs
+    without gradient sync in the DDP A/B (0 turns it off). ``rounds``: each row runs this many
+    times, interleaved (single, ddp, single, ddp...), the first traced and the others not, and
+    the speedups get 95 % intervals from all of them. ``precisions``: each strategy runs
     once per precision (``--precision fp32,bf16``), seeded alike, and each precision row is
     compared with its strategy's baseline row (``mgprof.analyze.compare.precision_rows``). Raises
     UsageError on bad input before anything runs.
@@ -170,7 +184,7 @@ def compare(
     script_path = Path(script)
     chosen = parse_strategies(strategies)
     wanted = parse_precisions(precisions)
-    _validate(gpus, steps, warmup, batch_size, global_batch, nosync_steps)
+    _validate(gpus, steps, warmup, batch_size, global_batch, nosync_steps, rounds)
     mode: Literal["weak", "strong"] = "strong" if global_batch else "weak"
     batches: dict[str, tuple[int, int]] | None = None
     if batch_size is not None:
@@ -205,19 +219,22 @@ def compare(
         ),
         not_applicable=skipped,
         precisions=list(wanted or []),
+        rounds=rounds,
     )
+    threads_env, comp.cpu_threads_setting = thread_setting(runnable, gpus)
     if wanted and cpu:
         comp.cpu_note = (comp.cpu_note or "") + (
             "; precision rows use CPU autocast, whose speed says nothing about a GPU's tensor cores"
         )
     losses: dict[str, LossSeries] = {}
     order: list[str | None] = list(wanted) if wanted else [None]
+    loads: dict[str, list[MachineLoad]] = {}
     for strategy in runnable:
         per_process = batches[strategy][0] if batches else None
         pending = list(order)
         while pending:
             precision = pending.pop(0)
-            row, analysis = _run_one(
+            row, analysis, load = _run_one(
                 comp_dir,
                 script_path,
                 strategy,
@@ -233,8 +250,11 @@ def compare(
                 memory=memory,
                 noise_scale=noise_scale,
                 precision=precision,
+                env=threads_env,
             )
             comp.rows.append(row)
+            if load is not None:
+                loads.setdefault(row_name(row), []).append(load)
             comp.runs[strategy if precision is None else f"{strategy} {precision}"] = row.run
             if precision is None:
                 continue
@@ -249,17 +269,95 @@ def compare(
                 comp.precisions = [str(p) for p in order]
     if wanted:
         comp.rows.sort(key=lambda r: (runnable.index(r.strategy), order.index(r.precision)))
+    for k in range(2, rounds + 1):
+        # later rounds: the same rows in the same order, untraced, so drift hits them alike
+        for row in comp.rows:
+            if row.status != "complete":
+                continue
+            run, name, load = _run_round(
+                comp_dir,
+                script_path,
+                row,
+                gpus,
+                round_no=k,
+                steps=steps,
+                warmup=warmup,
+                per_process_batch=batches[row.strategy][0] if batches else None,
+                script_args=script_args,
+                on_progress=on_progress,
+                auto_wrap=auto_wrap,
+                env=threads_env,
+            )
+            add_round(row, run, name)
+            if load is not None:
+                loads.setdefault(row_name(row), []).append(load)
     _against_attainable(comp, comp_dir, gpus)
-    add_speedups(comp.rows)
+    _note_loads(comp, loads)
+    comp.intervals = add_speedups(comp.rows)
+    observed, comp.mode_basis = observed_mode(comp.rows)
+    if observed != "unknown" or batch_size is None:
+        comp.mode = observed  # type: ignore[assignment]
+    comp.differences = differences(comp.rows)
+    args = (cpu, comp.mode, comp.intervals, comp.busy, comp.differences, rounds)
     if wanted:
-        compare_precisions(comp.rows, losses)
-        comp.verdict = comparison_verdict(comp.rows, cpu, mode)
+        compare_precisions(comp.rows, losses, comp.intervals)
+        comp.verdict = comparison_verdict(comp.rows, *args)
     else:
-        comp.verdict = verdict(comp.rows, cpu, mode)
+        comp.verdict = verdict(comp.rows, *args)
     write_bytes_atomic(comp_dir / COMPARISON_JSON, encode_comparison(comp))
     _write_markdown(comp_dir, comp)
     _link_runs(comp_dir, comp)
     return comp
+
+
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. a container or taskset limit)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    if getaffinity is not None:
+        try:
+            return max(1, len(getaffinity(0)))
+        except OSError:
+            pass
+    return max(1, os.cpu_count() or 1)
+
+
+def thread_setting(runnable: Sequence[str], gpus: int) -> tuple[dict[str, str], str]:
+    """The ``OMP_NUM_THREADS`` every row runs with, and the setting in words.
+
+    torchrun gives each of several ranks one thread when the variable is unset, while a single
+    process takes every core: the single row then ran with N times the threads of each DDP
+    rank, and the "speedup" measured threads, not the strategy (31x on a CPU machine). Unless
+    the user set it, every row gets the same threads per process: the usable cores divided by
+    the most processes any row starts.
+    """
+    user = os.environ.get(THREADS_ENV)
+    if user:
+        return {}, f"{THREADS_ENV}={user} for every row (set by you)"
+    processes = max((gpus if s == "ddp" else 1 for s in runnable), default=1)
+    cores = usable_cores()
+    threads = max(1, cores // processes)
+    why = (
+        f"{cores} usable cores / {processes} processes in the largest row, the same for "
+        "every row so the rows differ by strategy only"
+    )
+    return {THREADS_ENV: str(threads)}, f"{THREADS_ENV}={threads} for every row ({why})"
+
+
+def _note_loads(comp: Comparison, loads: dict[str, list[MachineLoad]]) -> None:
+    """Each row's worst round of other processes' load and steal; the busy ones in words."""
+    for row in comp.rows:
+        found = loads.get(row_name(row), [])
+        if not found:
+            continue
+        row.other_load_cores = max(m.other_cores for m in found)
+        steals = [m.steal_pct for m in found if m.steal_pct is not None]
+        row.steal_pct = max(steals) if steals else None
+        busy = [text for m in found if (text := m.busy()) is not None]
+        if busy:
+            comp.busy.append(f"{row_name(row)}: {busy[0]}")
 
 
 PROBE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -348,16 +446,17 @@ def _run_one(
     on_progress: Callable[[str, dict[int, int]], None] | None,
     auto_wrap: bool = True,
     memory: bool = False,
-    noise_scale: bool = False,
+    noise_scale: bool | None = None,
     precision: str | None = None,
-) -> tuple[Row, dict[str, Any]]:
+    env: dict[str, str] | None = None,
+) -> tuple[Row, dict[str, Any], MachineLoad | None]:
     """Launch one strategy (at one precision) into the comparison directory, analyse it, make
-    its row; the row and the run's analysis."""
+    its row; the row, the run's analysis and the machine's load while it ran."""
     from mgprof.collect.wrapping.nosync import read_result
     from mgprof.run.finish import finish_run
     from mgprof.run.launcher import LaunchConfig, launch
 
-    env = {"MGPROF_COMPARE": "1"}
+    env = {"MGPROF_COMPARE": "1", **(env or {})}
     if per_process_batch is not None:
         env["MGPROF_BATCH_SIZE"] = str(per_process_batch)
     if strategy == "ddp" and nosync_steps > 0:
@@ -386,7 +485,9 @@ def _run_one(
         def callback(counts: dict[int, int]) -> None:
             on_progress(label, counts)
 
+    meter = LoadMeter().start()
     result = launch(config, on_progress=callback)
+    load = meter.stop()
     run, analysis = finish_run(result.run_dir, result.run)
     if result.stopped is not None:  # Ctrl-C or SIGTERM: no further strategy is launched
         raise result.stopped
@@ -403,7 +504,63 @@ def _run_one(
         ab,
         ab_asked=nosync_steps > 0,
     )
-    return row, analysis
+    return row, analysis, load
+
+
+def _run_round(
+    comp_dir: Path,
+    script: Path,
+    row: Row,
+    gpus: int,
+    *,
+    round_no: int,
+    steps: int,
+    warmup: int,
+    per_process_batch: int | None,
+    script_args: Sequence[str],
+    on_progress: Callable[[str, dict[int, int]], None] | None,
+    auto_wrap: bool,
+    env: dict[str, str],
+) -> tuple[RunRecord, str, MachineLoad | None]:
+    """A later round of ``row``: the same launch without a trace, the A/B or memory tracking
+    (nothing there would change its step times); the run, its directory name and the load."""
+    from mgprof.run.launcher import LaunchConfig, launch
+
+    extra = {"MGPROF_COMPARE": "1", **env}
+    if per_process_batch is not None:
+        extra["MGPROF_BATCH_SIZE"] = str(per_process_batch)
+    stem = script.stem if row.precision is None else row.precision
+    config = LaunchConfig(
+        script=script,
+        script_args=list(script_args),
+        gpus=1 if row.strategy == "single" else gpus,
+        strategy=row.strategy,
+        steps=steps,
+        warmup=warmup,
+        active=0,
+        out=comp_dir,
+        extra_env=extra,
+        run_name=f"{row.strategy}-{stem}-round{round_no}",
+        auto_wrap=auto_wrap,
+        precision=row.precision,
+        seed=PRECISION_SEED if row.precision is not None else None,
+    )
+    callback = None
+    if on_progress is not None:
+        label = f"{row_name(row)} (round {round_no})"
+
+        def callback(counts: dict[int, int]) -> None:
+            on_progress(label, counts)
+
+    from mgprof.run.finish import finish_run
+
+    meter = LoadMeter().start()
+    result = launch(config, on_progress=callback)
+    load = meter.stop()
+    run, _ = finish_run(result.run_dir, result.run)
+    if result.stopped is not None:
+        raise result.stopped
+    return run, result.run_dir.name, load
 
 
 def _write_markdown(comp_dir: Path, comp: Comparison) -> None:

@@ -37,6 +37,7 @@ from mgprof.analyze.run.noise_scale import (
     step_estimates,
     sweep_noise_scale,
 )
+from mgprof.analyze.step_samples import run_steps
 from mgprof.analyze.sweep.result import (
     BATCH_NOT_APPLIED,
     DEFAULT_MARGIN,
@@ -92,7 +93,7 @@ class SweepConfig:
     auto_wrap: bool = True
     memory: bool = False
     """Track memory in every trial (``--memory``)."""
-    noise_scale: bool = False
+    noise_scale: bool | None = None
     """Record the gradient norms behind the noise scale in every trial (``--noise-scale``)."""
 
     def __post_init__(self) -> None:
@@ -373,7 +374,9 @@ def trial_from_run(
 ) -> Trial:
     """A trial's figures from its run record and analysis.
 
-    Throughput is ``batch * accumulation / mean step time`` per device, and only for a trial
+    Throughput is the job's samples per update over the mean untraced steady-state step
+    (``mgprof.analyze.step_samples.run_steps``: the slowest rank at each step), and only for a
+    trial
     whose batch was really applied: the size the ranks' steps recorded must equal the request
     (or, with nothing recorded, the script read it through ``mgprof.batch_size()``); otherwise
     the trial fails with the reason (``batch_evidence``).
@@ -420,14 +423,19 @@ def trial_from_run(
             rt.samples_per_s = None  # a rate of a batch that never ran is no figure
     if trial.status != "ok":
         return trial
-    steps = [r.step_time_ms for r in ranks if r.step_time_ms is not None]
+    clean = run_steps(run)
+    trial.step_times_ms = list(clean.clean_ms)
+    trial.traced_step_ms = _mean_or_none(clean.traced_ms)
+    trial.post_trace_step_ms = _mean_or_none(clean.post_trace_ms)
+    trial.step_time_ms = _mean_or_none(clean.clean_ms)
     rates = [r.samples_per_s for r in ranks if r.samples_per_s is not None]
-    if len(rates) == len(ranks) == world_size and ranks:
-        trial.samples_per_s = sum(rates)
-        trial.samples_per_s_per_device = trial.samples_per_s / len(rates)
+    if trial.step_time_ms and len(rates) == len(ranks) == world_size and ranks:
+        trial.samples_per_s = trial.global_batch * 1000.0 / trial.step_time_ms
+        trial.samples_per_s_per_device = trial.samples_per_s / world_size
+    elif not clean.clean_ms:
+        trial.note = "throughput not computed: no untraced steady-state step (raise --steps)"
     else:
         trial.note = "throughput not computed: not every rank reported a step time"
-    trial.step_time_ms = max(steps) if steps else None
     mems = [r.peak_memory_mib for r in ranks if r.peak_memory_mib is not None]
     trial.peak_memory_mib = max(mems) if mems else None
     comms = [r.comm_pct for r in ranks if r.comm_pct is not None]
@@ -436,6 +444,10 @@ def trial_from_run(
     trial.comm_pct_least_waiting = min(comms) if comms else None
     trial.exposed_comm_pct = sum(exposed) / len(exposed) if exposed else None
     return trial
+
+
+def _mean_or_none(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _memory_used(rec: Any, baseline_rss_mib: float | None) -> float | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mgprof.analyze.compare.scaling import Row, verdict
+from mgprof.analyze.compare.scaling import Interval, Row, ratio_between, row_name, verdict
 from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
 from mgprof.analyze.run.precision import loss_check, setting_label
@@ -103,9 +103,12 @@ def run_losses(analysis: Mapping[str, Any]) -> LossSeries:
     )
 
 
-def compare_precisions(rows: Sequence[Row], losses: Mapping[str, LossSeries]) -> None:
-    """Speedup, memory change and loss check of each precision row against its strategy's
-    baseline, in place. ``losses``: run directory name -> ``run_losses`` of its analysis."""
+def compare_precisions(
+    rows: Sequence[Row], losses: Mapping[str, LossSeries], intervals: Sequence[Interval] = ()
+) -> None:
+    """Speedup (with its 95 % interval from ``intervals``), memory change and loss check of each
+    precision row against its strategy's baseline, in place. ``losses``: run directory name ->
+    ``run_losses`` of its analysis."""
     for strategy in dict.fromkeys(r.strategy for r in rows if r.precision is not None):
         group = [r for r in rows if r.strategy == strategy and r.precision is not None]
         base = baseline(group)
@@ -117,6 +120,9 @@ def compare_precisions(rows: Sequence[Row], losses: Mapping[str, LossSeries]) ->
                 continue
             if row.samples_per_s is not None and base.samples_per_s:
                 row.precision_speedup = row.samples_per_s / base.samples_per_s
+                found = ratio_between(intervals, row_name(row), row_name(base))
+                if found is not None:
+                    row.precision_speedup_low, row.precision_speedup_high = found.low, found.high
             elif row.step_time_ms and base.step_time_ms:
                 row.precision_speedup = base.step_time_ms / row.step_time_ms
             mem, base_mem = _mean(row.peak_mem_mib), _mean(base.peak_mem_mib)
@@ -142,6 +148,9 @@ def precision_verdict(rows: Sequence[Row], strategy: str | None, cpu: bool) -> s
             continue
         check = row.loss_check
         speed = "n/a" if row.precision_speedup is None else f"{row.precision_speedup:.2f}x"
+        if row.precision_speedup_low is not None and row.precision_speedup_high is not None:
+            speed += f" (95 % interval {row.precision_speedup_low:.2f}–"
+            speed += f"{row.precision_speedup_high:.2f}x)"
         text = f"{row.precision} {speed}"
         if row.peak_mem_change_pct is not None:
             text += f", memory {row.peak_mem_change_pct:+.0f} %"
@@ -157,7 +166,11 @@ def precision_verdict(rows: Sequence[Row], strategy: str | None, cpu: bool) -> s
     )
     text = f"precision on {strategy}, against {base.precision}: " + "; ".join(parts)
     if fastest is not None and (fastest.precision_speedup or 0.0) > 1.0:
-        text += f"; fastest usable: {fastest.precision}"
+        low = fastest.precision_speedup_low
+        if low is None or low > 1.0:
+            text += f"; fastest usable: {fastest.precision}"
+        else:
+            text += f"; no measurable speedup over {base.precision} (the interval holds 1)"
     if cpu:
         text += (
             " — CPU autocast: these ratios say nothing about a GPU's tensor cores; rerun on "
@@ -176,11 +189,19 @@ def baseline_rows(rows: Sequence[Row]) -> list[Row]:
     return out
 
 
-def comparison_verdict(rows: Sequence[Row], cpu: bool, mode: str) -> str:
+def comparison_verdict(
+    rows: Sequence[Row],
+    cpu: bool,
+    mode: str,
+    intervals: Sequence[Interval] = (),
+    busy: Sequence[str] = (),
+    diffs: Sequence[str] = (),
+    rounds: int = 1,
+) -> str:
     """The strategy verdict over the baseline rows, then the precision sentence for the best
     strategy's rows."""
     bases = baseline_rows(rows)
-    text = verdict(bases, cpu, mode)
+    text = verdict(bases, cpu, mode, intervals, busy, diffs, rounds)
     measured = [r for r in bases if r.samples_per_s is not None]
     best = max(measured, key=lambda r: r.samples_per_s or 0.0).strategy if measured else None
     if best is None and bases:

@@ -1,9 +1,13 @@
 """Single vs DataParallel vs DDP, measured: the rows of ``mgprof compare`` and its verdict.
 
 Pure: each strategy's ``RunRecord`` and analysis dict (plus its A/B result) in, a ``Comparison``
-out. Speedup is throughput(strategy) / throughput(single) — samples per second, so weak and
-strong scaling are judged by the same rule (with a fixed global batch it equals the step-time
-ratio) — and scaling efficiency is speedup / devices.
+out. A row's step time and throughput come from its untraced steady-state steps, pooled over
+its rounds (``mgprof.analyze.step_samples``). Speedup is throughput(strategy) /
+throughput(single) — samples per second, so weak and strong scaling are judged by the same rule
+(with a fixed global batch it equals the step-time ratio) — and scaling efficiency is speedup /
+devices. Which scaling the rows show is read off the batches they trained, not assumed. The
+verdict names a winner only when the 95 % interval of its throughput ratio to every other row
+lies above 1; otherwise it says there is no measurable difference, with the interval.
 """
 
 from __future__ import annotations
@@ -17,20 +21,29 @@ import msgspec
 from mgprof.analyze.readers import num as _num
 from mgprof.analyze.run.grad_sync import INDEPENDENT_LABEL
 from mgprof.analyze.run.precision import LossCheck
-from mgprof.analyze.run.steps import usual_batch_sizes
+from mgprof.analyze.step_samples import RowSamples, rate_intervals, run_steps
 from mgprof.errors import RunRecordError
 from mgprof.records import RunRecord
 from mgprof.safe_read import read_regular
 
-COMPARISON_VERSION = 1
+COMPARISON_VERSION = 2
 COMPARISON_JSON = "comparison.json"
 
 DEFINITIONS: dict[str, str] = {
     "step_time_ms": (
-        "the slowest rank's mean steady-state step time (a DDP step ends when every rank is done)"
+        "mean over the row's untraced steady-state steps, pooled over its rounds, of the "
+        "slowest rank's time at each step (a DDP step ends when every rank is done); the first "
+        "step of each run, the profiler's warm-up and traced steps and the step after them "
+        "(trace export) are left out and reported apart"
     ),
-    "samples_per_s": "job throughput: sum over ranks of samples / step time (run analysis)",
-    "speedup": "samples_per_s(strategy) / samples_per_s(single)",
+    "samples_per_s": (
+        "samples per step (summed over ranks: the trained module's inputs, else the batches "
+        "the DataLoader yielded) * 1000 / step_time_ms"
+    ),
+    "speedup": (
+        "samples_per_s(strategy) / samples_per_s(single), with a 95 % cluster-bootstrap "
+        "interval (rounds drawn with replacement, then steps within each drawn round)"
+    ),
     "efficiency_pct": "100 * speedup / devices",
     "exposed_comm_pct": (
         "mean over ranks of 100 * exposed communication / trace window, from the traces"
@@ -83,6 +96,9 @@ class Row(msgspec.Struct, kw_only=True):
     """The precision row of the same strategy the next figures are relative to."""
     precision_speedup: float | None = None
     """samples/s ÷ the baseline precision row's (step-time ratio when there is no throughput)."""
+    precision_speedup_low: float | None = None
+    precision_speedup_high: float | None = None
+    """95 % interval of ``precision_speedup``."""
     peak_mem_change_pct: float | None = None
     """Mean peak memory per device against the baseline precision row's."""
     reduced_gemm_pct: float | None = None
@@ -98,6 +114,41 @@ class Row(msgspec.Struct, kw_only=True):
     """Intra-op CPU threads per process (the most any rank had): CPU rows compare fairly only
     when it matches."""
     notes: list[str] = msgspec.field(default_factory=list)
+    rounds_run: list[str] = msgspec.field(default_factory=list)
+    """Run directories of the row's later rounds (untraced), relative to the comparison."""
+    round_step_ms: list[list[float]] = msgspec.field(default_factory=list)
+    """Per round, the untraced steady-state step times behind ``step_time_ms``."""
+    steps_measured: int = 0
+    """Steps in ``round_step_ms``, all rounds."""
+    traced_step_ms: float | None = None
+    """Mean of the traced steps (round 1), never in the speedup."""
+    post_trace_step_ms: float | None = None
+    """The step after the traced ones (it writes the trace), never in the speedup."""
+    samples_per_step: int | None = None
+    """Samples the job trained per step (summed over ranks)."""
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    """95 % interval of ``speedup``."""
+    other_load_cores: float | None = None
+    """CPU time other processes used while this row ran, in cores (the most of its rounds)."""
+    steal_pct: float | None = None
+    """Steal time (a hypervisor gave the cores to another guest) while this row ran, percent
+    of the machine's cores (the most of its rounds)."""
+
+
+class Interval(msgspec.Struct, kw_only=True):
+    """Throughput of row ``a`` over row ``b`` and its 95 % interval."""
+
+    a: str
+    b: str
+    ratio: float
+    low: float
+    high: float
+
+    @property
+    def above(self) -> bool:
+        """``a`` is measurably faster than ``b``: the whole interval lies above 1."""
+        return self.low > 1.0
 
 
 class NotApplicable(msgspec.Struct, kw_only=True):
@@ -116,7 +167,11 @@ class Comparison(msgspec.Struct, kw_only=True):
     created_utc: str = ""
     script: str = ""
     script_args: list[str] = msgspec.field(default_factory=list)
-    mode: Literal["weak", "strong"] = "weak"
+    mode: Literal["weak", "strong", "mixed", "unknown"] = "weak"
+    """What the rows' trained batches show: ``weak`` (per-device batch the same in every row),
+    ``strong`` (global batch the same), ``mixed`` (neither), ``unknown`` (a batch unseen)."""
+    mode_basis: str = ""
+    """The batches that decided ``mode``, in words."""
     batch_size: int | None = None
     gpus: int = 1
     steps: int = 0
@@ -137,6 +192,16 @@ class Comparison(msgspec.Struct, kw_only=True):
     comparison directory."""
     verdict: str = ""
     definitions: dict[str, str] = msgspec.field(default_factory=lambda: dict(DEFINITIONS))
+    rounds: int = 1
+    """Interleaved rounds per row (the first traced, the others not)."""
+    cpu_threads_setting: str | None = None
+    """``OMP_NUM_THREADS`` every row ran with, and who chose it."""
+    intervals: list[Interval] = msgspec.field(default_factory=list)
+    """Throughput ratios between rows with their 95 % intervals (what the verdict reads)."""
+    differences: list[str] = msgspec.field(default_factory=list)
+    """What differs between the rows besides the strategy and could explain the result."""
+    busy: list[str] = msgspec.field(default_factory=list)
+    """Rows measured while other processes used the machine, in words."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,9 +312,10 @@ def build_row(
     ab: Mapping[str, Any] | None = None,
     ab_asked: bool = True,
 ) -> Row:
-    """One strategy's row from its run record, its analysis and (DDP) its A/B result.
+    """One strategy's row from its first round: run record, analysis and (DDP) A/B result.
 
     ``expected_batch`` is the batch each process was asked to draw (None: not controlled).
+    Later rounds join with :func:`add_round`; :func:`add_speedups` then pools them.
     """
     ranks = [r for r in analysis.get("ranks", []) if isinstance(r, Mapping)]
     job = analysis.get("job") if isinstance(analysis.get("job"), Mapping) else {}
@@ -259,8 +325,13 @@ def build_row(
     row.cpu_threads = max(threads) if threads else None
     if run.status != "complete":
         row.notes.append(f"run {run.status}: {run.error or 'no error recorded'}")
-    usual = usual_batch_sizes(run)
+    steps = run_steps(run)
+    row.round_step_ms = [steps.clean_ms]
+    row.traced_step_ms = _mean(list(steps.traced_ms))
+    row.post_trace_step_ms = _mean(list(steps.post_trace_ms))
+    usual = steps.per_rank_batch
     if usual:
+        row.samples_per_step = steps.samples_per_step
         row.global_batch = sum(usual)
         per_process = usual[0]
         row.batch_per_device = per_process // row.devices if strategy == "dp" else per_process
@@ -272,13 +343,12 @@ def build_row(
             f"batch not controlled: asked for {expected_batch} per process, the records show "
             f"{sorted(set(usual)) or 'none'} (neither mgprof.batch_size() nor a DataLoader set it)"
         )
-    times = [
-        _num(r["step_time_ms"].get("mean"))
-        for r in ranks
-        if isinstance(r.get("step_time_ms"), Mapping)
-    ]
-    known = [t for t in times if t is not None]
-    row.step_time_ms = max(known) if known else None
+    untrained = [r.training.untrained_samples for r in run.ranks if r.training.untrained_samples]
+    if untrained:
+        row.notes.append(
+            f"{sum(untrained):,} samples fetched from the DataLoader never reached the model "
+            "(a peek with next(iter(loader))?): not counted in any step"
+        )
     sync = job.get("grad_sync")
     if isinstance(sync, Mapping) and isinstance(sync.get("status"), str):
         row.grad_sync = sync["status"]
@@ -287,16 +357,101 @@ def build_row(
                 f"{INDEPENDENT_LABEL}: {sync.get('detail', '')}; no speedup or efficiency for "
                 "this row (run without --no-auto-wrap, or wrap the model in the script)"
             )
-    row.samples_per_s = _num(job.get("samples_per_s"))
-    if row.samples_per_s is None:
-        na = job.get("not_applicable")
-        why = na.get("samples_per_s") if isinstance(na, Mapping) else None
-        row.notes.append(f"throughput not measured: {why or 'unknown reason'}")
+    _pool(row)
+    if row.samples_per_s is None and row.grad_sync not in ("independent", "partial"):
+        if row.samples_per_step is None:
+            row.notes.append(
+                "throughput not measured: no step recorded a batch (neither the trained "
+                "module's inputs nor a DataLoader were seen)"
+            )
+        elif not row.steps_measured:
+            row.notes.append("throughput not measured: no untraced steady-state step")
     _comm(row, ranks)
     _ab(row, ab, ab_asked)
     _trace_vs_ab(row)
     _memory(row, ranks)
     return row
+
+
+def add_round(row: Row, run: RunRecord, run_name: str) -> None:
+    """A later (untraced) round of ``row``: its clean steps join the pool."""
+    row.rounds_run.append(run_name)
+    if run.status != "complete":
+        row.notes.append(f"round {len(row.rounds_run) + 1} {run.status}: {run.error or '?'}")
+    steps = run_steps(run)
+    if row.samples_per_step is not None and steps.samples_per_step not in (
+        None,
+        row.samples_per_step,
+    ):
+        row.notes.append(
+            f"round {len(row.rounds_run) + 1} trained {steps.samples_per_step} samples per step, "
+            f"round 1 {row.samples_per_step}: its steps are left out"
+        )
+        return
+    row.round_step_ms.append(steps.clean_ms)
+    _pool(row)
+
+
+def _samples(row: Row) -> RowSamples:
+    return RowSamples([r for r in row.round_step_ms if r], row.samples_per_step)
+
+
+def _pool(row: Row) -> None:
+    """Step time and throughput from the clean steps of every round (a row without step data,
+    e.g. from an older comparison.json, keeps its figures)."""
+    if not row.round_step_ms:
+        return
+    samples = _samples(row)
+    row.steps_measured = len(samples.pooled)
+    row.step_time_ms = samples.mean_ms()
+    independent = row.grad_sync in ("independent", "partial")
+    rate = samples.rate() if row.samples_per_step is not None and not independent else None
+    row.samples_per_s = rate
+
+
+def observed_mode(rows: Sequence[Row]) -> tuple[str, str]:
+    """``weak``, ``strong``, ``mixed`` or ``unknown``, and the batches that decided it: the
+    global batch the same in every row is strong scaling (nanoGPT keeps its tokens per
+    iteration), the per-device batch the same is weak scaling."""
+    measured = [r for r in rows if r.grad_sync not in ("independent", "partial")]
+    if len(measured) < 2:
+        return "unknown", "one row: no scaling to read"
+    if any(r.global_batch is None or r.batch_per_device is None for r in measured):
+        return "unknown", "a row's batch per step was not seen"
+    text = ", ".join(
+        f"{row_name(r)} {r.global_batch} ({r.batch_per_device}/device)" for r in measured
+    )
+    if len({r.global_batch for r in measured}) == 1 and len({r.devices for r in measured}) > 1:
+        return "strong", f"global batch the same in every row: {text}"
+    if len({r.batch_per_device for r in measured}) == 1:
+        return "weak", f"per-device batch the same in every row: {text}"
+    if len({r.global_batch for r in measured}) == 1:
+        return "strong", f"global batch the same in every row: {text}"
+    return "mixed", f"neither the global nor the per-device batch is the same: {text}"
+
+
+def row_name(row: Row) -> str:
+    """``ddp`` or, with precision rows, ``ddp bf16``."""
+    return row.strategy if row.precision is None else f"{row.strategy} {row.precision}"
+
+
+def differences(rows: Sequence[Row]) -> list[str]:
+    """What differs between rows besides the strategy and could explain a result."""
+    out = []
+    threads = {row_name(r): r.cpu_threads for r in rows if r.cpu_threads}
+    if len(set(threads.values())) > 1:
+        out.append(
+            "CPU threads per process differ: " + ", ".join(f"{k} {v}" for k, v in threads.items())
+        )
+    per_device = {row_name(r): r.batch_per_device for r in rows if r.batch_per_device}
+    if len(set(per_device.values())) > 1:
+        out.append(
+            "batch per device differs: " + ", ".join(f"{k} {v}" for k, v in per_device.items())
+        )
+    precision = {row_name(r): r.precision_setting for r in rows if r.precision_setting}
+    if len(set(precision.values())) > 1:
+        out.append("precision differs between rows (see the precision table)")
+    return out
 
 
 TRACE_AB_GAP_PP = 10.0
@@ -335,9 +490,15 @@ def _superlinear(row: Row, base: Row) -> str:
     return text
 
 
-def add_speedups(rows: Sequence[Row]) -> None:
-    """Speedup against the single-device row of the same precision and efficiency = speedup /
-    devices, in place."""
+def add_speedups(rows: Sequence[Row]) -> list[Interval]:
+    """Speedup against the single-device row of the same precision, its 95 % interval, and
+    efficiency = speedup / devices, in place; returns the intervals between every pair of rows
+    with a throughput (what the verdict reads)."""
+    for row in rows:
+        _pool(row)
+    named = {row_name(r): _samples(r) for r in rows if r.samples_per_s is not None}
+    pairs = [(a, b) for a in named for b in named if a != b]
+    found = {(i.a, i.b): i for i in rate_intervals(named, pairs)}
     for row in rows:
         base = next(
             (r for r in rows if r.strategy == "single" and r.precision == row.precision), None
@@ -345,57 +506,126 @@ def add_speedups(rows: Sequence[Row]) -> None:
         base_thr = base.samples_per_s if base is not None else None
         if row.samples_per_s is None:
             continue
-        if not base_thr:
+        if not base_thr or base is None:
             row.notes.append("no speedup: the single-device baseline has no throughput")
             continue
         row.speedup = row.samples_per_s / base_thr
         row.efficiency_pct = 100.0 * row.speedup / row.devices
-        if base is not None and row.efficiency_pct > SUPERLINEAR_PCT:
+        interval = found.get((row_name(row), row_name(base)))
+        if interval is not None:
+            row.speedup_low, row.speedup_high = interval.low, interval.high
+        if row.efficiency_pct > SUPERLINEAR_PCT:
             row.notes.append(_superlinear(row, base))
+    return [
+        Interval(a=i.a, b=i.b, ratio=i.ratio, low=i.low, high=i.high)
+        for i in found.values()
+        if i.a < i.b
+    ]
 
 
 # --------------------------------------------------------------------------------------------
 # Verdict
 
 
-def verdict(rows: Sequence[Row], cpu_fallback: bool, mode: str) -> str:
-    """One honest line: the best measured strategy and the figure that makes it best."""
+SCALE_WORDS = {
+    "weak": "per-device batch fixed",
+    "strong": "global batch fixed",
+    "mixed": "batches differ between rows: throughput ratio",
+    "unknown": "batch per step not seen in every row",
+}
+
+
+def ratio_between(intervals: Sequence[Interval], a: str, b: str) -> Interval | None:
+    """rate(a) / rate(b) with its interval, from either direction."""
+    for i in intervals:
+        if (i.a, i.b) == (a, b):
+            return i
+        if (i.a, i.b) == (b, a) and i.ratio > 0 and i.low > 0 and i.high > 0:
+            return Interval(a=a, b=b, ratio=1.0 / i.ratio, low=1.0 / i.high, high=1.0 / i.low)
+    return None
+
+
+def _x(i: Interval) -> str:
+    return f"{i.ratio:.2f}x (95 % interval {i.low:.2f}–{i.high:.2f}x)"
+
+
+def verdict(
+    rows: Sequence[Row],
+    cpu_fallback: bool,
+    mode: str,
+    intervals: Sequence[Interval] = (),
+    busy: Sequence[str] = (),
+    diffs: Sequence[str] = (),
+    rounds: int = 1,
+) -> str:
+    """One honest line: the measurably fastest strategy and the figure that makes it so, or
+    "no measurable difference" with the interval; then what could have moved the figures."""
     measured = [r for r in rows if r.samples_per_s is not None]
     if not measured:
         return "no verdict: no strategy produced a throughput figure (see the notes)"
     best = max(measured, key=lambda r: r.samples_per_s or 0.0)
-    scale = "per-device batch fixed" if mode == "weak" else "global batch fixed"
-    if best.strategy == "single" or best.speedup is None:
-        others = [r for r in measured if r is not best and r.speedup is not None]
-        text = f"best: {best.strategy} ({best.samples_per_s:.1f} samples/s)"
+    name = row_name(best)
+    scale = SCALE_WORDS.get(mode, mode)
+    others = [r for r in measured if r is not best]
+    ratios = {row_name(r): ratio_between(intervals, name, row_name(r)) for r in others}
+    tied = [k for k, i in ratios.items() if i is None or not i.above]
+    behind = {k: i for k, i in ratios.items() if i is not None and i.above}
+    if tied:
+        parts = []
+        for k in tied:
+            i = ratios[k]
+            parts.append(
+                f"{name} vs {k}: {_x(i)}" if i is not None else f"{name} vs {k}: no interval"
+            )
+        text = "no measurable difference: " + "; ".join(parts)
+        if behind:
+            text += "; measurably slower: " + ", ".join(
+                f"{k} ({1.0 / i.ratio:.2f}x {name})" for k, i in behind.items()
+            )
+        text += f" ({scale})"
+    elif best.strategy == "single" or best.speedup is None:
+        text = f"best: {name} ({best.samples_per_s:.1f} samples/s)"
         if others:
-            worst = ", ".join(
-                f"{r.strategy} on {r.devices} devices reached {r.speedup:.2f}x" for r in others
-            )
+            reached = []
+            for r in others:
+                i = ratio_between(intervals, row_name(r), name)
+                reached.append(
+                    f"{row_name(r)} on {r.devices} devices reached {_x(i) if i else '?'}"
+                )
+            worst = ", ".join(reached)
             text += f": {worst} ({scale}), so more devices did not pay off"
-        if cpu_fallback:
-            text += (
-                "; these are CPU ranks over gloo sharing this machine's cores, which says "
-                "nothing about GPUs"
-            )
-        return text
-    text = (
-        f"best: {best.strategy} — {best.speedup:.2f}x single's throughput on {best.devices} "
-        f"devices ({best.efficiency_pct:.0f}% scaling efficiency, {scale})"
-    )
-    comm = best.ab_comm_pct if best.ab_comm_pct is not None else best.exposed_comm_pct
-    if comm is not None:
-        source = "sync A/B" if best.ab_comm_pct is not None else "exposed, from traces"
-        text += f"; communication costs {comm:.0f}% of a step ({source})"
-    if best.efficiency_pct is not None and best.efficiency_pct < 70.0:
-        text += "; efficiency below 70%: communication or input loading limits scaling"
-    if best.efficiency_pct is not None and best.efficiency_pct > SUPERLINEAR_PCT:
-        text += (
-            "; efficiency above 100%: the single-device row ran slower per device than these "
-            "ranks (see its notes), so treat the speedup with care"
+    else:
+        interval = (
+            f" (95 % interval {best.speedup_low:.2f}–{best.speedup_high:.2f}x)"
+            if best.speedup_low is not None and best.speedup_high is not None
+            else ""
         )
+        text = (
+            f"best: {name} — {best.speedup:.2f}x single's throughput{interval} on "
+            f"{best.devices} devices ({best.efficiency_pct:.0f}% scaling efficiency, {scale})"
+        )
+        comm = best.ab_comm_pct if best.ab_comm_pct is not None else best.exposed_comm_pct
+        if comm is not None:
+            source = "sync A/B" if best.ab_comm_pct is not None else "exposed, from traces"
+            text += f"; communication costs {comm:.0f}% of a step ({source})"
+        if best.efficiency_pct is not None and best.efficiency_pct < 70.0:
+            text += "; efficiency below 70%: communication or input loading limits scaling"
+        if best.efficiency_pct is not None and best.efficiency_pct > SUPERLINEAR_PCT:
+            text += (
+                "; efficiency above 100%: the single-device row ran slower per device than "
+                "these ranks (see its notes), so treat the speedup with care"
+            )
+    if rounds < 2 and intervals:
+        text += "; one round per row: the interval holds step-to-step noise, not run-to-run drift"
+    if diffs:
+        text += "; the rows differ in more than the strategy: " + "; ".join(diffs)
+    if busy:
+        text += "; the machine was busy: " + "; ".join(busy) + " (rerun on a quiet machine)"
     if cpu_fallback:
-        text += "; measured on CPU ranks over gloo, not GPUs"
+        text += (
+            "; measured on CPU ranks over gloo sharing this machine's cores, which says "
+            "nothing about GPUs"
+        )
     return text
 
 

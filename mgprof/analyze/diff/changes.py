@@ -11,9 +11,13 @@ Order of work, because a diff of unlike runs is noise dressed as a result:
    p-value (``diff_stats``); throughput from the same draws. Figures that are one number per run
    (trace busy share, exposed communication, bus bandwidth, peak memory) are compared as they
    are, and say that they carry no interval.
-3. Attribution: the change per step of every named component (leaf regions, kernels or host
-   operators, each collective's exposed time, the DataLoader wait); the largest ones in the
-   direction of the change make the headline.
+3. Attribution: parts of the step whose changes add up to the change in step time (where a
+   traced step's time went: operators or kernels by name, exposed communication, other device
+   work, GPU idle, host time outside operators (a ``time.sleep`` lands there), data loading;
+   and the rest of the change, which the traced steps do not show). The largest part in the
+   direction of the change makes the headline, "mostly" only when it is more than half. The
+   named components (leaf regions, kernels or host operators, exposed collectives, the
+   DataLoader wait) are listed too; they overlap, so they are not summed.
 4. Findings added and removed (by their stable ids).
 5. ``--fail-on`` limits: a limit fails when the change is significant (interval excludes no
    change) and its point estimate is beyond the limit; a figure with no interval fails on the
@@ -155,8 +159,9 @@ def _sampled_metric(
         return out
     interval = bootstrap_ratio(base, new)
     out["ci_pct"] = [100.0 * (interval.low - 1.0), 100.0 * (interval.high - 1.0)]
-    out["p_value"] = mann_whitney(base, new)
-    out["significant"] = not interval.low <= 1.0 <= interval.high
+    out["p_value"] = interval.p_value
+    out["significant"] = interval.significant
+    out["rank_test_p"] = mann_whitney(base, new)
     out["resamples"] = interval.resamples
     return out
 
@@ -276,7 +281,61 @@ def _component_rows(base: Side, new: Side, step_delta_ms: float | None) -> list[
 
 
 _ATTRIBUTION_MIN_SHARE = 0.05
-"""A component enters the headline when it moved by ≥ 5 % of the step's change, same sign."""
+"""A part enters the headline when it moved by ≥ 5 % of the step's change, same sign."""
+MOSTLY = 0.5
+""""mostly X" only when X moved by more than half of the step's change."""
+OUTSIDE_TRACE = "not in the traced steps (the step timer's steps against the traced ones)"
+UNNAMED = "not in any named part"
+
+
+def _parts(base: Side, new: Side, step_delta_ms: float | None) -> list[dict[str, Any]]:
+    """Parts whose changes add up to the change in step time: where a traced step's time went
+    (``inputs.trace_buckets``) and the rest of the change, which the traced steps do not show.
+    Without traces on both sides: the leaf regions and the DataLoader wait, and the rest."""
+    if step_delta_ms is None:
+        return []
+    if base.buckets and new.buckets:
+        b = {c.name: c.ms_per_step for c in base.buckets}
+        n = {c.name: c.ms_per_step for c in new.buckets}
+        rest_name = OUTSIDE_TRACE
+    else:
+        def named(side: Side) -> dict[str, float]:
+            return {
+                (f"region {c.name}" if c.kind == "region" else c.name): c.ms_per_step
+                for c in side.components
+                if c.leaf and c.kind in ("region", "dataloader")
+            }
+
+        b, n = named(base), named(new)
+        rest_name = UNNAMED
+    rows: list[dict[str, Any]] = []
+    for name in sorted(set(b) | set(n)):
+        delta = n.get(name, 0.0) - b.get(name, 0.0)
+        rows.append(
+            {
+                "kind": "part",
+                "name": name,
+                "leaf": True,
+                "base_ms": b.get(name),
+                "new_ms": n.get(name),
+                "delta_ms": delta,
+                "share_of_change_pct": 100.0 * delta / step_delta_ms if step_delta_ms else None,
+            }
+        )
+    rest = step_delta_ms - sum(r["delta_ms"] for r in rows)
+    rows.append(
+        {
+            "kind": "part",
+            "name": rest_name,
+            "leaf": True,
+            "base_ms": None,
+            "new_ms": None,
+            "delta_ms": rest,
+            "share_of_change_pct": 100.0 * rest / step_delta_ms if step_delta_ms else None,
+        }
+    )
+    rows.sort(key=lambda r: (-abs(r["delta_ms"]), r["name"]))
+    return rows
 
 
 def _attribution(rows: list[dict[str, Any]], step_delta_ms: float) -> list[dict[str, Any]]:
@@ -293,10 +352,16 @@ _KIND_WORD = {
     "operator": "",
     "comm": "",
     "dataloader": "",
+    "part": "",
 }
 
 
 def component_label(row: dict[str, Any]) -> str:
+    if row["kind"] == "part":
+        kind, _, rest = row["name"].partition(" ")
+        if kind in ("kernel", "operator", "region") and rest:
+            return f"{kind} `{rest}`"
+        return str(row["name"])
     word = _KIND_WORD.get(row["kind"], "")
     name = row["name"] if row["kind"] in ("comm", "dataloader") else f"`{row['name']}`"
     return f"{word} {name}".strip()
@@ -319,10 +384,21 @@ def _headline(time: dict[str, Any], attribution: list[dict[str, Any]]) -> str:
     if not time["significant"]:
         return f"no significant change in {label}: {_signed(time['change_pct'])} %{interval}"
     if not attribution:
-        return f"{change}; no single component explains it"
-    parts = [f"{component_label(r)} ({_signed(r['delta_ms'], 2)} ms/step)" for r in attribution]
-    joined = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
-    return f"{change}, mostly {joined}"
+        return f"{change}; no single part explains it"
+    top = attribution[0]
+    delta_ms = top["delta_ms"]
+    share = top.get("share_of_change_pct")
+    what = f"{component_label(top)} ({_signed(delta_ms, 2)} ms/step"
+    if share is not None:
+        what += f", {share:.0f} % of the change"
+    what += ")"
+    if share is not None and share > 100.0 * MOSTLY:
+        return f"{change}, mostly {what}"
+    others = [
+        f"{component_label(r)} ({_signed(r['delta_ms'], 2)} ms/step)" for r in attribution[1:]
+    ]
+    tail = f"; then {', '.join(others)}" if others else ""
+    return f"{change}; the largest part: {what}{tail}"
 
 
 def _findings(base: Side, new: Side) -> dict[str, list[dict[str, str]]]:
@@ -436,8 +512,11 @@ def diff_sides(base: Side, new: Side, fail_on: Sequence[FailSpec] = ()) -> dict[
     new_ms = _mean(new.step_ms)
     step_delta = None if base_ms is None or new_ms is None else new_ms - base_ms
     rows = _component_rows(base, new, step_delta)
+    parts = _parts(base, new, step_delta)
     attribution = (
-        _attribution(rows, step_delta) if step_delta is not None and step.get("significant") else []
+        _attribution(parts, step_delta)
+        if step_delta is not None and step.get("significant")
+        else []
     )
     checks = [_check(spec, metrics) for spec in fail_on]
     failed = any(c["failed"] for c in checks)
@@ -466,6 +545,7 @@ def diff_sides(base: Side, new: Side, fail_on: Sequence[FailSpec] = ()) -> dict[
             *[f[0] for f in _FIGURES],
         ],
         "attribution": attribution,
+        "parts": parts,
         "components": rows,
         "findings": _findings(base, new),
         "steps": {
@@ -482,8 +562,21 @@ def diff_sides(base: Side, new: Side, fail_on: Sequence[FailSpec] = ()) -> dict[
                 f"{round(CONFIDENCE * 100)} % percentile bootstrap interval of "
                 "mean(new)/mean(base) - 1, resampling each run's steps (seeded)"
             ),
-            "p_value": "two-sided Mann-Whitney U test on the step samples",
-            "significant": "the interval excludes 0 (no change)",
+            "p_value": (
+                "two-sided bootstrap p-value from the interval's own draws: 2 x the share of "
+                "resampled ratios on the far side of no change"
+            ),
+            "significant": "p_value ≤ 0.05, which is the interval excluding 0 (no change)",
+            "rank_test_p": (
+                "two-sided Mann-Whitney U test on the step samples (a shift of the whole "
+                "distribution; reported beside, never used for significant)"
+            ),
+            "parts": (
+                "ms per step that add up to the change in step time: where a traced step's "
+                "time went (operators or kernels by name, exposed communication, other device "
+                "work, GPU idle, host time outside operators, data loading; mean over ranks), "
+                "and the rest of the change, which the traced steps do not show"
+            ),
             "components": (
                 "ms per step: regions (total over the rank's steps / steps), kernels "
                 "(GPU traces) or host operators by self time (CPU traces) and each "

@@ -58,6 +58,8 @@ class Side:
     facts: dict[str, str] = field(default_factory=dict)
     figures: dict[str, float | None] = field(default_factory=dict)
     components: list[Component] = field(default_factory=list)
+    buckets: list[Component] = field(default_factory=list)
+    """Where a traced step's time went, as parts that add up to the step (``trace_buckets``)."""
     findings: dict[str, dict[str, str]] = field(default_factory=dict)
     not_applicable: dict[str, str] = field(default_factory=dict)
 
@@ -128,6 +130,105 @@ def _trace_rank_components(summary: Mapping[str, Any], steps: int) -> dict[tuple
         if exposed is not None:
             out[("comm", f"exposed {coll.get('type', 'collective')}")] += exposed / 1000.0 / steps
     return out
+
+
+HOST_OUTSIDE_OPS = "host time outside operators (Python, sleeps, waits)"
+GPU_IDLE = "GPU idle inside the step (the device waited for the host)"
+HOST_BEFORE_KERNELS = "host time before the step's first device event"
+DATA_LOADING = "data loading (DataLoader spans)"
+EXPOSED_COMM = "exposed communication"
+OTHER_DEVICE = "other device work (memcpy, memset)"
+OTHER_OPERATORS = "other operators"
+OTHER_KERNELS = "other kernels"
+
+
+def trace_buckets(summary: Mapping[str, Any]) -> dict[str, float]:
+    """ms per traced step of one rank, in parts that add up to its mean step span (the CPU
+    ``ProfilerStep#N`` span, extended to the step's last device event on a GPU trace).
+
+    CPU trace: operators (named by self time, the rest as "other operators"), exposed
+    communication, and host time outside operators (Python, ``time.sleep``, waits). GPU trace:
+    kernels (named, the rest "other kernels"), exposed communication, other device work, GPU
+    idle inside the step's device window, and host time before its first device event. Data
+    loading (the ``enumerate(DataLoader)`` spans) is carved out of the host parts first, then
+    out of the operators it ran. The parts partition the span, so a change in step time is the
+    sum of the parts' changes.
+    """
+    steps = [st for st in summary.get("steps") or [] if isinstance(st, Mapping)]
+    if not steps:
+        return {}
+    n = len(steps)
+    gpu = summary.get("kind") != "cpu"
+    sums: dict[str, float] = defaultdict(float)
+    for st in steps:
+        t = as_dict(st.get("totals"))
+        window = num(t.get("window_us")) or 0.0
+        span = num(st.get("extended_us")) if gpu else num(st.get("cpu_duration_us"))
+        span = max(span or 0.0, window)
+        sums["compute"] += num(t.get("compute_us")) or 0.0
+        sums["exposed"] += num(t.get("exposed_comm_us")) or 0.0
+        sums["memcpy"] += num(t.get("memcpy_us")) or 0.0
+        sums["idle"] += num(t.get("idle_us")) or 0.0
+        sums["before"] += span - window
+        sums["loading"] += num(t.get("dataloader_us")) or 0.0
+    ms = {k: v / 1000.0 / n for k, v in sums.items()}
+    compute = ms["compute"]
+    if gpu:
+        # loading that ran while the device was busy cost the step nothing
+        before, idle = ms["before"], ms["idle"]
+        take = min(ms["loading"], before)
+        before -= take
+        rest = min(ms["loading"] - take, idle)
+        idle -= rest
+        loading = take + rest
+    else:
+        # the window is the CPU span: idle there is the span outside operators; loading that
+        # the host parts cannot hold ran operators (collate with num_workers=0)
+        host = ms["idle"] + ms["before"]
+        take = min(ms["loading"], host)
+        host -= take
+        compute -= ms["loading"] - take
+        loading = ms["loading"]
+    out: dict[str, float] = {}
+    names = _named_work(summary, n, gpu)
+    named = sum(names.values())
+    out.update(names)
+    out[OTHER_KERNELS if gpu else OTHER_OPERATORS] = compute - named
+    out[EXPOSED_COMM] = ms["exposed"]
+    if gpu:
+        out[OTHER_DEVICE] = ms["memcpy"]
+        out[GPU_IDLE] = idle
+        out[HOST_BEFORE_KERNELS] = before
+    else:
+        out[HOST_OUTSIDE_OPS] = host
+    if loading > 0:
+        out[DATA_LOADING] = loading
+    return out
+
+
+def _named_work(summary: Mapping[str, Any], steps: int, gpu: bool) -> dict[str, float]:
+    """ms per traced step of each named kernel (GPU) or host operator by self time (CPU)."""
+    out: dict[str, float] = defaultdict(float)
+    if gpu:
+        for kernel in summary.get("kernels") or summary.get("top_kernels") or []:
+            total = num(kernel.get("total_us"))
+            if total is not None:
+                out[f"kernel {kernel.get('name', '')}"] += total / 1000.0 / steps
+        return out
+    for op in summary.get("operators_by_name") or []:
+        name = str(op.get("name", ""))
+        self_us = num(op.get("host_self_us"))
+        if self_us is None or name.startswith(COMM_OP_PREFIXES):
+            continue
+        out[f"operator {name}"] += self_us / 1000.0 / steps
+    return out
+
+
+def _bucket_components(summaries: Sequence[Mapping[str, Any]]) -> list[Component]:
+    per_rank = [
+        {("time", k): v for k, v in trace_buckets(s).items()} for s in summaries if s.get("steps")
+    ]
+    return [Component(k, n, v) for (k, n), v in _average_components(per_rank).items()]
 
 
 def _trace_steps(summary: Mapping[str, Any]) -> dict[int, float]:
@@ -235,6 +336,7 @@ def side_from_traces(
         [_trace_rank_components(s, len(s.get("steps") or [])) for s in summaries]
     )
     side.components = [Component(k, n, v) for (k, n), v in comps.items()]
+    side.buckets = _bucket_components(summaries)
     side.not_applicable["throughput"] = "traces hold no batch size"
     return side
 
@@ -362,6 +464,7 @@ def side_from_run(path: str, run: RunRecord, analysis: Mapping[str, Any]) -> Sid
     comps = _average_components(per_rank_comps)
     side.components = [Component(k, n, v) for (k, n), v in comps.items()]
     side.components += _region_components(analysis)
+    side.buckets = _bucket_components(_trace_summaries(analysis))
     waits = [
         _mean(s.dataloader_ms for s in steady_state_steps(r.steps))
         for r in run.ranks

@@ -6,7 +6,9 @@ interval and a CI job never flips on its own.
 
 - ``bootstrap_ratio``: the 95 % percentile interval of mean(new) / mean(base), resampling each
   run's steps with replacement (Efron's percentile bootstrap). The statistic is a ratio so a
-  change in step time, in time per sample and in throughput all come from the same draws.
+  change in step time, in time per sample and in throughput all come from the same draws. Its
+  p-value comes from the same draws (twice the share of ratios on the far side of 1), so "p ≤
+  0.05" and "the interval excludes 1" are one statement and can never disagree.
 - ``mann_whitney``: the two-sided p-value of the Mann-Whitney U test (Wilcoxon rank sum): exact
   from the distribution of U when there are no ties and the samples are small, else the normal
   approximation with the tie correction. It needs no normality, which step times lack (a long
@@ -35,6 +37,14 @@ class RatioInterval:
     low: float
     high: float
     resamples: int
+    p_value: float = 1.0
+    """Two-sided bootstrap p-value of no change: 2 x the share of resampled ratios on the far
+    side of 1 (capped at 1)."""
+
+    @property
+    def significant(self) -> bool:
+        """No change is outside the interval: p ≤ 1 - CONFIDENCE, by construction."""
+        return self.p_value <= 1.0 - CONFIDENCE
 
 
 def _resamples(n_total: int) -> int:
@@ -70,7 +80,12 @@ def bootstrap_ratio(
     tail = (1.0 - CONFIDENCE) / 2.0
     low = ratios[max(0, math.floor(tail * len(ratios)))]
     high = ratios[min(len(ratios) - 1, math.ceil((1.0 - tail) * len(ratios)) - 1)]
-    return RatioInterval(ratio=mean_new / mean_base, low=low, high=high, resamples=len(ratios))
+    below = sum(1 for r in ratios if r <= 1.0)
+    above = sum(1 for r in ratios if r >= 1.0)
+    p = min(1.0, 2.0 * min(below, above) / len(ratios)) if ratios else 1.0
+    return RatioInterval(
+        ratio=mean_new / mean_base, low=low, high=high, resamples=len(ratios), p_value=p
+    )
 
 
 _EXACT_MAX_PRODUCT = 400

@@ -123,18 +123,32 @@ class SweepPlanner:
                 self.phase = "bisect"
         if self.phase == "grow" and self.sizes is None and self._plateaued():
             self.phase = "done"
-            self.stop_reason = (
-                f"throughput rose less than {100 * self.plateau_gain:.0f} % over the last "
-                f"×{self.growth} step (plateau)"
-            )
+            self.stop_reason = self._plateau_reason()
+
+    def _plateau_reason(self) -> str:
+        """Why growing stopped, in the words the figures support: a fall is a fall."""
+        ok = self._timed_within()
+        prev, last = ok[-2], ok[-1]
+        before, after = prev.samples_per_s or 0.0, last.samples_per_s or 0.0
+        change = f"{before:,.0f} -> {after:,.0f} samples/s from batch {prev.batch_size} to "
+        change += f"{last.batch_size}"
+        if after < before:
+            return f"throughput fell ({change})"
+        return (
+            f"throughput rose less than {100 * self.plateau_gain:.0f} % over the last "
+            f"×{self.growth} step ({change}: a plateau)"
+        )
+
+    def _timed_within(self) -> list[Trial]:
+        return sorted(
+            (t for t in self.trials if self.within_margin(t) and t.samples_per_s is not None),
+            key=lambda t: t.batch_size,
+        )
 
     def _plateaued(self) -> bool:
         if not self.stop_on_plateau:
             return False
-        ok = sorted(
-            (t for t in self.trials if self.within_margin(t) and t.samples_per_s is not None),
-            key=lambda t: t.batch_size,
-        )
+        ok = self._timed_within()
         if len(ok) < 2:
             return False
         prev, last = ok[-2], ok[-1]

@@ -22,6 +22,7 @@ from typing import Literal
 
 import msgspec
 
+from mgprof.analyze.step_samples import RowSamples, rate_intervals
 from mgprof.analyze.sweep.planner import (
     DEFAULT_RESOLUTION,
     MULTIPLE,
@@ -113,6 +114,11 @@ class SweepResult(_Struct):
     sweet_spot: int | None = None
     """Smallest measured batch within the margin reaching 95 % of the best throughput."""
     peak_samples_per_s: float | None = None
+    sweet_spot_vs_best: list[float] | None = None
+    """Throughput at the sweet spot ÷ the best, with its 95 % interval: [ratio, low, high]."""
+    tied_with_optimal: list[int] = msgspec.field(default_factory=list)
+    """Batches whose throughput is not measurably different from the throughput-optimal one
+    (the 95 % interval of their ratio holds 1): the optimum is one of them, not a point."""
     memory_model: MemoryModel | None = None
     predicted_max_batch: int | None = None
     """From the memory model: largest batch predicted to fit within the margin (a prediction)."""
@@ -159,6 +165,7 @@ def summarize(
         result.peak_samples_per_s = best.samples_per_s
         target = fraction * (best.samples_per_s or 0.0)
         result.sweet_spot = min(t.batch_size for t in timed if (t.samples_per_s or 0.0) >= target)
+        _intervals(result, timed, best)
     else:
         na["sweet_spot"] = "no trial that fitted within the margin measured a throughput"
     ooms = [t.batch_size for t in ran if t.status == "oom"]
@@ -192,13 +199,34 @@ def summarize(
     return result
 
 
+def _intervals(result: SweepResult, timed: Sequence[Trial], best: Trial) -> None:
+    """The sweet spot's throughput against the best with its interval, and the trials the
+    best cannot be told from (``mgprof.analyze.step_samples``: one run per trial, so the
+    interval holds step-to-step noise)."""
+    samples = {
+        str(t.batch_size): RowSamples([t.step_times_ms], t.global_batch or None)
+        for t in timed
+        if t.step_times_ms
+    }
+    key = str(best.batch_size)
+    if key not in samples:
+        return
+    pairs = [(k, key) for k in samples if k != key]
+    found = {i.a: i for i in rate_intervals(samples, pairs)}
+    result.tied_with_optimal = sorted(int(k) for k, i in found.items() if i.high >= 1.0)
+    spot = found.get(str(result.sweet_spot))
+    if spot is not None:
+        result.sweet_spot_vs_best = [spot.ratio, spot.low, spot.high]
+
+
 def comm_trend(fitted: Sequence[Trial]) -> str | None:
     """How the communication share changes from the smallest to the largest fitted batch.
 
-    Uses the least-waiting rank's share when known: the collective's own cost, which is what a
-    larger batch amortises (waiting for a slower rank is imbalance, not communication).
+    The figure is the table's (``comm_pct``, the mean over ranks), so the summary and the table
+    say the same thing; the least-waiting rank's share (the collective's own cost, without
+    waiting for a slower rank) follows it when it differs.
     """
-    pts = [(t.batch_size, _comm(t), t.exposed_comm_pct) for t in fitted if _comm(t) is not None]
+    pts = [(t.batch_size, t.comm_pct, t.exposed_comm_pct) for t in fitted if t.comm_pct is not None]
     if len(pts) < 2:
         return None
     (b0, c0, e0), (b1, c1, e1) = pts[0], pts[-1]
@@ -206,13 +234,16 @@ def comm_trend(fitted: Sequence[Trial]) -> str | None:
     text = f"communication share {c0:.1f} % at batch {b0} -> {c1:.1f} % at batch {b1}"
     if e0 is not None and e1 is not None:
         text += f" (exposed {e0:.1f} % -> {e1:.1f} %)"
+    first = next(t for t in fitted if t.batch_size == b0)
+    last = next(t for t in fitted if t.batch_size == b1)
+    l0, l1 = first.comm_pct_least_waiting, last.comm_pct_least_waiting
+    if l0 is not None and l1 is not None and (abs(l0 - c0) > 0.05 or abs(l1 - c1) > 0.05):
+        text += f"; least-waiting rank {l0:.1f} % -> {l1:.1f} %"
     if c1 < c0:
         text += ": the all-reduce is amortised over more samples"
+    elif c1 > c0:
+        text += ": communication takes a larger share as the batch grows"
     return text
-
-
-def _comm(t: Trial) -> float | None:
-    return t.comm_pct_least_waiting if t.comm_pct_least_waiting is not None else t.comm_pct
 
 
 def lr_scaling(new_global: int, ref_global: int) -> tuple[float, float]:

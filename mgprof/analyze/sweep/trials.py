@@ -62,10 +62,11 @@ class RankTrial(_Struct):
 class Trial(_Struct):
     """One batch size tried (or skipped): job figures plus each rank's own.
 
-    ``samples_per_s`` is the job total (sum over ranks of per-device samples/s);
-    ``samples_per_s_per_device`` its mean over ranks; ``step_time_ms`` the slowest rank's mean
-    (DDP steps in lock-step, so the slowest rank sets the pace); ``peak_memory_mib`` the highest
-    rank's peak; ``comm_pct`` / ``exposed_comm_pct`` the mean over ranks.
+    ``step_time_ms`` is the mean over the untraced steady-state steps of the slowest rank's time
+    at each step (DDP steps in lock-step, so the slowest rank sets the pace); ``samples_per_s``
+    the job's samples per step (``global_batch``) over it, ``samples_per_s_per_device`` that per
+    device; ``peak_memory_mib`` the highest rank's peak; ``comm_pct`` / ``exposed_comm_pct`` the
+    mean over ranks.
     """
 
     batch_size: int
@@ -95,6 +96,13 @@ class Trial(_Struct):
     batch_applied_by: str | None = None
     """How the trial's size reached the script: ``mgprof.batch_size()``, a DataLoader mgprof
     resized, or None when it could not be applied."""
+    step_times_ms: list[float] = msgspec.field(default_factory=list)
+    """The untraced steady-state steps behind ``step_time_ms`` (the slowest rank's time at each
+    step); the first step, the profiler's steps and the one writing the trace are left out."""
+    traced_step_ms: float | None = None
+    """Mean of the traced steps, never in the trial's figures."""
+    post_trace_step_ms: float | None = None
+    """The step after the traced ones (it writes the trace), never in the trial's figures."""
 
 
 class MemoryModel(_Struct):

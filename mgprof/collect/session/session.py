@@ -31,7 +31,12 @@ import torch
 from mgprof.analyze.sweep.trials import is_oom_error
 from mgprof.collect import hooks
 from mgprof.collect import noise_scale as _noise
-from mgprof.collect.batchinfo import PendingFingerprint, batch_size_of, fingerprint
+from mgprof.collect.batchinfo import (
+    PendingFingerprint,
+    batch_size_of,
+    fingerprint,
+    forward_samples,
+)
 from mgprof.collect.devices.device_facts import cuda_indices_in_use as _cuda_indices_in_use
 from mgprof.collect.devices.memory import collect_memory, reset_peaks
 from mgprof.collect.devices.memory_history import MemoryHistory
@@ -170,6 +175,7 @@ class Session(StepRecordsMixin, DeliveryMixin):
         self._progress = ProgressFile(None, 0)
         self._auto_batch: int | None = None
         self._auto_fp: PendingFingerprint | None = None
+        self._untrained_samples = 0
         self._memory: MemoryHistory | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -218,6 +224,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
                     return
             _active = self
         self._running = True
+        if self.auto:  # forwards before the first update belong to no step
+            forward_samples.take()
         self._info = env_rank_info()
         with self.failopen.guard("rank"):
             self._info = rank_info()
@@ -397,7 +405,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
             self.on_step(steps_done)
 
     def note_batch(self, batch: Any) -> None:
-        """A batch seen by the DataLoader hook; the automatic session sums their sizes per step."""
+        """A batch seen by the DataLoader hook; the automatic session sums their sizes per step
+        (the step's batch when the trained module's own inputs were not seen)."""
         if not self.auto:
             return
         size = batch_size_of(batch)
@@ -407,11 +416,17 @@ class Session(StepRecordsMixin, DeliveryMixin):
             self._auto_fp = fingerprint(batch)
 
     def auto_step(self) -> None:
-        """A step boundary found by instrumentation (an optimizer step): uses the batches seen."""
-        size, self._auto_batch = self._auto_batch, None
+        """A step boundary found by instrumentation (an optimizer step). The step's batch is what
+        the trained module was called with since the last boundary (``forward_samples``); only
+        when auto-wrap's route saw no call, the batches the DataLoader yielded."""
+        fetched, self._auto_batch = self._auto_batch, None
+        trained = forward_samples.take()
         fp, self._auto_fp = self._auto_fp, None
         if not self._running:
             return
+        with self.failopen.guard("batch"):
+            self._note_batch_source(trained, fetched)
+        size = trained if trained is not None else fetched
         try:
             mark = self._clock.mark()
             self._mode = "call"
@@ -419,6 +434,17 @@ class Session(StepRecordsMixin, DeliveryMixin):
             self._close(self._boundary_or(mark), mark, handle)
         except Exception as exc:
             self.failopen.report("step", exc)
+
+    def _note_batch_source(self, trained: int | None, fetched: int | None) -> None:
+        """Which count gave the step's batch, and samples the DataLoader yielded that the model
+        was never called with (a peek at the loader), for the record's training facts."""
+        if trained is not None:
+            hooks.note_fact("batch_source", "forward")
+            if fetched is not None and fetched > trained:
+                self._untrained_samples += fetched - trained
+                hooks.note_fact("untrained_samples", self._untrained_samples)
+        elif fetched is not None:
+            hooks.note_fact("batch_source", "dataloader")
 
     def add_dataloader_wait(self, ms: float) -> None:
         """Time the loop waited for the next batch; charged to the step being built."""

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mgprof.collect.batchinfo import forward_samples
 from mgprof.collect.failopen import emit_line
 from mgprof.records import AutoWrapRecord
 
@@ -74,6 +75,11 @@ def _routed_class(cls: type) -> type:
             return cls.__call__(self, *args, **kwargs)  # looked up now: never a stale patch
         _Route.inside = True
         try:
+            if self.training and torch.is_grad_enabled():
+                try:
+                    forward_samples.add(args, kwargs)
+                except Exception:  # fail open: the step falls back to the DataLoader's count
+                    pass
             return wrapper(*args, **kwargs)
         finally:
             _Route.inside = False
@@ -108,9 +114,17 @@ class AutoWrap:
     not to; the outcome is an ``AutoWrapRecord`` (noted in the rank's training facts)."""
 
     def __init__(
-        self, strategy: str, note: Any = None, precision: Any = None, wrap: bool = True
+        self,
+        strategy: str,
+        note: Any = None,
+        precision: Any = None,
+        wrap: bool = True,
+        observe: bool = False,
     ) -> None:
         self.strategy = strategy
+        self.observe = observe
+        """Route the trained module's calls even when nothing wraps it, to count the samples
+        each step trains (``mgprof analyze``: the batch that was trained, not fetched)."""
         self._note = note
         self.precision = precision
         """A ``PrecisionControl`` (``--precision``): the trained module's calls are routed
@@ -209,7 +223,7 @@ class AutoWrap:
         self_wrapped = isinstance(module, (DistributedDataParallel, nn.DataParallel)) or _is_fsdp(
             module
         )
-        if self_wrapped and self.precision is None:
+        if self_wrapped and self.precision is None and not self._observable(module):
             self._decide(None, _SELF_WRAPPED)
             return False
         if id(module) in self._checked or not self._optimizers:
@@ -231,17 +245,23 @@ class AutoWrap:
             wrapper, reason = self._build(module)
         if self.precision is not None:
             route = self.precision.route(module, wrapper if wrapper is not None else module)
-        elif wrapper is None:
+        elif wrapper is None and not self._observable(module):
             self._decide(None, reason, module)
             return False
-        else:
-            route = wrapper
+        else:  # the wrapper, or the module itself: its calls are counted on the way
+            route = wrapper if wrapper is not None else module
         _routes[module] = route
         self._replicas_too(module, wrapper)
         module.__class__ = _routed_class(type(module))
         self.wrapped.append(module)
         self._decide(wrapper, reason, module)
         return True
+
+    def _observable(self, module: nn.Module) -> bool:
+        """Whether the trained module's calls may be routed only to count the samples it trains
+        (``collect.batchinfo.forward_samples``) when nothing wraps it. Not FSDP or DTensor
+        modules: their classes are FSDP's own, swapped by FSDP itself."""
+        return self.observe and not _is_fsdp(module)
 
     def _replicas_too(self, module: nn.Module, wrapper: nn.Module | None) -> None:
         """Under a precision setting, DataParallel's replicas get it in their threads too: the
@@ -341,9 +361,19 @@ def _bucket_cap_mb(ddp: Any) -> float | None:
 
 
 def _is_fsdp(module: nn.Module) -> bool:
-    return type(module).__name__ in {"FullyShardedDataParallel", "FSDPModule"} or hasattr(
-        module, "_fsdp_wrapped_module"
-    )
+    """FSDP2 (``fully_shard``: its class is a subclass of ``FSDPModule``, made per module class),
+    FSDP1 (``FullyShardedDataParallel``), or any module holding DTensor parameters (tensor or
+    sequence parallelism): already distributed by the script, never put under DDP."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        if isinstance(module, (FSDPModule, FullyShardedDataParallel)):
+            return True
+    except ImportError:  # a torch built without distributed
+        pass
+    if hasattr(module, "_fsdp_wrapped_module"):
+        return True
+    return any(type(p).__name__ == "DTensor" for p in module.parameters())
 
 
 def _init_process_group(backend: str) -> None:

@@ -154,9 +154,11 @@ def wrap(
 
 
 def enable_sync_ab(ddp: nn.Module, *, lazy: bool = False) -> None:
-    """Give a DDP model mgprof made (``wrap`` or auto-wrap) mgprof's comm hook: DDP's averaging
-    all-reduce, plus the gradient norms behind the noise scale (``collect.noise_scale``, with
-    ``MGPROF_NOISE_SCALE=1``), switchable off for ``mgprof compare``'s no-sync A/B.
+    """Give a DDP model mgprof made (``wrap`` or auto-wrap) mgprof's comm hook when something
+    needs it: DDP's averaging all-reduce, plus the gradient norms behind the noise scale at every
+    sync (``--noise-scale``) or at a sample of them, switchable off for ``mgprof compare``'s
+    no-sync A/B. Without either, DDP keeps its own reducer and the norms are sampled without a
+    hook (``collect.noise_scale.attach_sampled``).
 
     ``lazy``: a model handed back to the script (``mgprof.wrap``) gets the hook at its first
     forward, so a comm hook the script registers itself before training still wins; compare's
@@ -165,8 +167,15 @@ def enable_sync_ab(ddp: nn.Module, *, lazy: bool = False) -> None:
     from mgprof.collect import noise_scale
 
     ab = _nosync_requested()
-    record = noise_scale.enabled()
-    if not ab and not record:
+    every = noise_scale.enabled()
+    record = noise_scale.mode() != "off"
+    try:
+        ddp._mgprof_built = True  # type: ignore[assignment]
+        if not ab and not every:
+            noise_scale.attach_sampled(ddp)  # sampled norms, DDP's own reducer untouched
+            return
+    except Exception as exc:  # fail open: no norms, the training runs as usual
+        report("noise scale", exc)
         return
     try:
         if lazy and not ab:
