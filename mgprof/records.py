@@ -162,6 +162,17 @@ class TrainingFacts(Struct):
     parameters' bytes), to compare with ``ddp_bucket_cap_mb``."""
     precision: PrecisionRecord | None = None
     """What ``--precision`` did on this rank (None: not asked)."""
+    fsdp_forwards: int | None = None
+    """Forwards of the outermost FSDP module with gradients on (FSDP reduce-scatters the
+    gradients in the backward that follows); None when the script uses no FSDP."""
+    fsdp: FsdpRecord | None = None
+    """The script's FSDP units and settings (None: no FSDP)."""
+    grad_check_updates: list[int] | None = None
+    """Optimizer updates (0-based, per optimizer) whose gradients were checked
+    (``mgprof.collect.grad_check``: the first few, then one in 64)."""
+    grad_norms: list[float | None] | None = None
+    """Total L2 norm of the gradients the optimizer applied at each checked update (None: no
+    parameter it holds had a gradient)."""
 
 
 class AutoWrapRecord(Struct):
@@ -179,6 +190,29 @@ class AutoWrapRecord(Struct):
     """True when mgprof initialised the process group (the script had none)."""
     reason: str | None = None
     """Why nothing was wrapped (the script wraps itself, no optimizer, ...)."""
+
+
+class FsdpRecord(Struct):
+    """A script's own FSDP, as its modules say (``mgprof.collect.wrapping.fsdp_watch``)."""
+
+    api: Literal["fully_shard", "FullyShardedDataParallel", "unknown"]
+    """``fully_shard`` (FSDP2) or ``FullyShardedDataParallel`` (FSDP1)."""
+    units: int = 0
+    """FSDP units holding parameters (each all-gathers and reduce-scatters its own)."""
+    unit_classes: dict[str, int] = msgspec.field(default_factory=dict)
+    """The script's module class of each unit, with its count (``Block: 4``)."""
+    reshard_after_forward: list[bool] = msgspec.field(default_factory=list)
+    """FSDP2: the distinct settings over the units (True frees the gathered parameters after
+    forward and gathers them again in backward; False keeps them, ZeRO-2-like)."""
+    sharding_strategy: str | None = None
+    """FSDP1's ``ShardingStrategy`` name (``FULL_SHARD``, ``SHARD_GRAD_OP``...)."""
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    """The mixed-precision policy's dtypes (None: the parameters' own)."""
+    mesh_shape: list[int] | None = None
+    """FSDP2: the device mesh's shape (``[2]``; ``[replicas, shards]`` for HSDP)."""
+    world: int | None = None
+    """Ranks the parameters are sharded or replicated over."""
 
 
 class PrecisionRecord(Struct):

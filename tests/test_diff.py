@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _data import TRACES
 
+from mgprof.analyze.diff.changes import OUTSIDE_TRACE
 from mgprof.analyze.diff.inputs import HOST_OUTSIDE_OPS
 from tests._spawn import clean_env, python_args, run, run_many
 from tests.test_html_report import CHROMIUM, render_in_chromium
@@ -194,3 +195,34 @@ def test_a_run_folder_copied_elsewhere_still_diffs(runs: dict[str, Path], tmp_pa
     code, diff = _json(runs["base"], copy / "run.json", cwd=tmp_path)
     assert code == 0 and diff["metrics"]["time"]["change_pct"] == 0.0
     assert all(r["delta_ms"] == 0.0 for r in diff["components"])
+
+
+def test_a_sleep_in_an_unmodified_loop_is_host_time_and_the_parts_add_up(tmp_path: Path) -> None:
+    """The case that blamed ``_log_softmax_backward_data`` for a ``time.sleep``: a plain loop
+    that knows nothing of mgprof, with and without a 50 ms sleep per step. The parts the traced
+    steps show must add up to the change in step time within 5 %, and the sleep must be named
+    as host time outside operators (6 traced steps: 3 let one noisy step move the sum)."""
+    script = ROOT / "tests" / "scripts" / "sleepy_loop.py"
+    jobs = [
+        (
+            python_args("-m", "mgprof", "analyze", script, "--gpus", "2", "--quiet",
+                        "--trace-steps", "6", "--out", tmp_path / name, "--", *extra),
+            tmp_path,
+            clean_env(),
+        )
+        for name, extra in (("base", []), ("sleep", ["--sleep-ms", "50"]))
+    ]  # fmt: skip
+    for result in run_many(jobs, parallel=1):
+        assert result.returncode == 0, result.explain()
+    base, slow = (next((tmp_path / name).iterdir()) for name in ("base", "sleep"))
+    code, diff = _json(base, slow, cwd=tmp_path)
+    assert code == 0 and diff["change"] == "slower"
+    step_delta = diff["metrics"]["step_time"]["new"] - diff["metrics"]["step_time"]["base"]
+    assert 45.0 < step_delta < 70.0
+    top = diff["attribution"][0]
+    assert (top["kind"], top["name"]) == ("part", HOST_OUTSIDE_OPS)
+    assert f"mostly {HOST_OUTSIDE_OPS}" in diff["headline"]
+    assert "_log_softmax" not in diff["headline"]
+    traced = [r for r in diff["parts"] if r["name"] != OUTSIDE_TRACE]
+    assert sum(r["delta_ms"] for r in traced) == pytest.approx(step_delta, rel=0.05)
+    assert sum(r["delta_ms"] for r in diff["parts"]) == pytest.approx(step_delta, rel=1e-9)

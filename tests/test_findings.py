@@ -639,6 +639,37 @@ def test_memory_fragmentation_fires_on_gpu_only_beyond_both_thresholds() -> None
     assert fired("memory_fragmentation", cpu, with_memory(analysed(cpu), FRAGMENTED)) is None
 
 
+def grads_run(*per_rank: list[float | None] | None) -> RunRecord:
+    """A 2-rank run whose ranks checked these gradient norms (None: the rank checked none)."""
+    ranks = []
+    for r, norms in enumerate(per_rank):
+        facts = TrainingFacts()
+        if norms is not None:
+            facts = TrainingFacts(grad_check_updates=list(range(len(norms))), grad_norms=norms)
+        ranks.append(gpu_rank(r, world=len(per_rank), training=facts))
+    return gpu_run(*ranks)
+
+
+def test_zero_gradients_fires_only_when_every_checked_norm_is_zero() -> None:
+    run = grads_run([0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+    f = fired("zero_gradients", run, analysed(run))
+    assert f is not None and f["severity"] == "high"
+    assert "exactly 0 on ranks 0, 1 in each of 3 checked update(s)" in f["evidence"]
+    assert "CrossEntropyLoss" in f["cause"] and "check the loss" in f["change"]
+    for norms in ([0.0, 0.0, 1e-30], [0.0, 2.5, 0.0]):  # one rank, one update that learns
+        run = grads_run([0.0, 0.0, 0.0], norms)
+        assert fired("zero_gradients", run, analysed(run)) is None
+    run = grads_run(None, None)  # nothing checked (an older record): do not know
+    assert fired("zero_gradients", run, analysed(run)) is None
+
+
+def test_zero_gradients_names_gradients_that_never_arrived() -> None:
+    run = grads_run([None, None], [None, None])
+    f = fired("zero_gradients", run, analysed(run))
+    assert f is not None and "no parameter the optimizer holds received a gradient" in f["evidence"]
+    assert ".detach()" in f["cause"]
+
+
 # ------------------------------------------------------------------ the whole set
 
 
@@ -666,6 +697,7 @@ FIRING: dict[str, Callable[[Path], tuple[RunRecord, dict[str, Any]]]] = {
     "clock_throttling": lambda p: (r := throttled(["hw_slowdown"]), analysed(r)),
     "memory_imbalance": lambda p: (r := gpu_run(), with_memory(analysed(r), IMBALANCED)),
     "memory_fragmentation": lambda p: (r := gpu_run(), with_memory(analysed(r), FRAGMENTED)),
+    "zero_gradients": lambda p: (r := grads_run([0.0, 0.0], [0.0, 0.0]), analysed(r)),
 }
 
 

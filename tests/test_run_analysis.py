@@ -194,7 +194,8 @@ def test_dataloader_share() -> None:
 
 def test_slowest_rank_and_spread() -> None:
     slow = steps([1.0, 30.0, 30.0, 30.0])
-    a = analyze_run(run_of(rank(0), rank(1, steps=slow), rank(2)), None)
+    even = steps([100.0, 24.0, 25.0, 26.0, 25.0])
+    a = analyze_run(run_of(rank(0, steps=even), rank(1, steps=slow), rank(2, steps=even)), None)
     job = a["job"]
     assert job["slowest_rank"] == 1 and job["slowest_mean_step_ms"] == 30.0
     assert job["fastest_mean_step_ms"] == 25.0
@@ -203,6 +204,18 @@ def test_slowest_rank_and_spread() -> None:
     single = analyze_run(run_of(rank(0, world=1)), None)
     assert single["job"]["slowest_rank"] is None
     assert "fewer than two ranks" in single["job"]["not_applicable"]["slowest_rank"]
+
+
+def test_no_slowest_rank_within_the_steps_own_noise() -> None:
+    """Mean step times 25 vs 30 ms from steps that scatter by ±15 ms name no rank: the same run
+    again could order them the other way."""
+    noisy = steps([100.0, 10.0, 20.0, 30.0, 40.0])
+    slow = steps([1.0, 30.0, 30.0, 30.0])
+    job = analyze_run(run_of(rank(0, steps=noisy), rank(1, steps=slow)), None)["job"]
+    assert job["slowest_rank"] is None and job["fastest_rank"] is None
+    why = job["not_applicable"]["slowest_rank"]
+    assert "rank 1 30.00 ms vs rank 0 25.00 ms mean step" in why and "own noise" in why
+    assert job["step_time_spread_pct"] == pytest.approx(20.0)  # still reported, as measured
 
 
 def test_slowest_rank_follows_the_collectives_when_traces_matched_them() -> None:
@@ -219,6 +232,29 @@ def test_slowest_rank_follows_the_collectives_when_traces_matched_them() -> None
     assert job.slowest_rank == 2 and job.slowest_mean_step_ms == pytest.approx(25.0)
     assert job.slowest_rank_basis == "last to arrive at collectives (traces)"
     assert job.step_time_spread_pct == pytest.approx(20.0)  # still from the step times
+
+
+def _cross(last_arrivals: dict[int, int]) -> dict[str, Any]:
+    per_rank = [{"rank": r, "wait_us": 0.0, "last_arrivals": n} for r, n in last_arrivals.items()]
+    slowest = max(last_arrivals, key=lambda r: last_arrivals[r])
+    return {"slowest_rank": slowest, "cross_rank": {"per_rank": per_rank}}
+
+
+def test_last_arrivals_name_a_rank_only_beyond_chance() -> None:
+    """Two ranks, 52 vs 48 last arrivals: a coin does that often, so the collectives name no
+    rank; 80 vs 20 it does not."""
+    from mgprof.analyze.run.analysis import analyze_rank, job_analysis
+    from mgprof.analyze.run.traces import RunTraces
+
+    noisy = steps([100.0, 10.0, 20.0, 30.0, 40.0])
+    run = run_of(rank(0, steps=noisy), rank(1, steps=noisy))
+    ranks = [analyze_rank(r, RunTraces()) for r in run.ranks]
+    job = job_analysis(run, ranks, _cross({0: 48, 1: 52}))
+    assert job.slowest_rank is None
+    why = job.not_applicable["slowest_rank"]
+    assert why.startswith("rank 1 arrived last at 52 of 100 collectives, which chance gives")
+    job = job_analysis(run, ranks, _cross({0: 20, 1: 80}))
+    assert job.slowest_rank == 1 and job.slowest_rank_basis.startswith("last to arrive")
 
 
 def test_identical_batches_detected_across_ranks() -> None:

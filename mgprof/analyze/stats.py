@@ -86,3 +86,45 @@ def spread_pct(values: Sequence[float]) -> float | None:
     if low <= 0.0:
         return None
     return 100.0 * (max(values) - low) / low
+
+
+Z_95 = 1.959963984540054
+"""Two-sided 95 % quantile of the standard normal distribution."""
+
+
+def mean_difference_halfwidth(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Half-width of the 95 % interval of mean(a) - mean(b) for independent samples (Welch's
+    standard error, normal quantile); None with fewer than two values on a side. A difference
+    of means inside it is within the samples' own noise."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+
+    def var(x: Sequence[float]) -> float:
+        m = sum(x) / len(x)
+        return sum((v - m) ** 2 for v in x) / (len(x) - 1)
+
+    return Z_95 * math.sqrt(var(a) / len(a) + var(b) / len(b))
+
+
+def binomial_upper_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p): how often chance alone gives ``k`` or more successes
+    in ``n`` tries (summed in log space, so thousands of tries neither overflow nor underflow)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    terms = [
+        math.lgamma(n + 1)
+        - math.lgamma(i + 1)
+        - math.lgamma(n - i + 1)
+        + i * log_p
+        + (n - i) * log_q
+        for i in range(k, n + 1)
+    ]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))

@@ -23,7 +23,9 @@ from torch.nn import DataParallel
 from torch.utils.data import DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from mgprof.collect import grad_check
 from mgprof.collect.failopen import report as _report
+from mgprof.collect.wrapping import fsdp_watch
 from mgprof.records import TrainingFacts
 
 
@@ -55,6 +57,12 @@ def training_facts() -> TrainingFacts:
     facts["cpu_threads"] = torch.get_num_threads()
     facts["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
     facts["cpu_cores"] = _usable_cores()
+    if fsdp_watch.forwards() or fsdp_watch.settings() is not None:
+        facts["fsdp_forwards"] = fsdp_watch.forwards()
+        facts["fsdp"] = fsdp_watch.settings()
+    updates, norms = grad_check.read()
+    if updates:
+        facts["grad_check_updates"], facts["grad_norms"] = updates, norms
     return TrainingFacts(**facts)
 
 
@@ -181,9 +189,12 @@ def _watch_existing() -> None:
     from torch.nn import DataParallel
     from torch.nn.parallel import DistributedDataParallel
 
+    fsdp = fsdp_watch.fsdp_classes()
     for obj in gc.get_objects():
         if issubclass(type(obj), (DistributedDataParallel, DataParallel)):  # no __class__ lookups
             watch_wrapper(obj)
+        elif fsdp and issubclass(type(obj), fsdp):
+            fsdp_watch.watch(obj)
 
 
 def _all_reduce(*args: Any, **kwargs: Any) -> Any:
@@ -194,6 +205,58 @@ def _all_reduce(*args: Any, **kwargs: Any) -> Any:
     except Exception as exc:
         _report("all_reduce hook", exc)
     return _originals["all_reduce"](*args, **kwargs)
+
+
+def _fully_shard(*args: Any, **kwargs: Any) -> Any:
+    """FSDP2's ``fully_shard``, then the unit watched (``fsdp_watch``)."""
+    out = _originals["fully_shard"](*args, **kwargs)
+    try:
+        for module in out if isinstance(out, (list, tuple)) else [out]:
+            fsdp_watch.watch(module)
+    except Exception as exc:
+        _report("FSDP hook", exc)
+    return out
+
+
+def _fsdp1_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    _originals["fsdp1_init"](self, *args, **kwargs)
+    try:
+        fsdp_watch.watch(self)
+    except Exception as exc:
+        _report("FSDP hook", exc)
+
+
+def _patch_fsdp() -> None:
+    """``fully_shard`` where scripts import it from, and FSDP1's constructor."""
+    try:
+        import torch.distributed.fsdp as fsdp
+    except ImportError:
+        return
+    _originals["fully_shard"] = fsdp.fully_shard
+    _originals["fsdp1_init"] = fsdp.FullyShardedDataParallel.__init__
+    fsdp.fully_shard = _fully_shard
+    fsdp.FullyShardedDataParallel.__init__ = _fsdp1_init  # type: ignore[method-assign]
+    try:
+        import torch.distributed._composable.fsdp as composable
+
+        composable.fully_shard = _fully_shard  # type: ignore[assignment]
+    except ImportError:
+        pass
+
+
+def _unpatch_fsdp() -> None:
+    if "fully_shard" not in _originals:
+        return
+    import torch.distributed.fsdp as fsdp
+
+    fsdp.fully_shard = _originals.pop("fully_shard")
+    fsdp.FullyShardedDataParallel.__init__ = _originals.pop("fsdp1_init")  # type: ignore[method-assign]
+    try:
+        import torch.distributed._composable.fsdp as composable
+
+        composable.fully_shard = fsdp.fully_shard  # type: ignore[assignment]
+    except ImportError:
+        pass
 
 
 def _destroy_process_group(*args: Any, **kwargs: Any) -> Any:
@@ -278,6 +341,10 @@ def install(session: Observer | None) -> None:
         return
     from torch.nn.parallel import DistributedDataParallel
 
+    try:
+        grad_check.install()
+    except Exception as exc:
+        _report("gradient check", exc)
     _originals["next"] = _BaseDataLoaderIter.__next__
     _originals["set_epoch"] = DistributedSampler.set_epoch
     _originals["autocast_enter"] = torch.autocast.__enter__
@@ -290,6 +357,10 @@ def install(session: Observer | None) -> None:
         torch.distributed.init_process_group = _init_process_group
         _originals["all_reduce"] = torch.distributed.all_reduce
         torch.distributed.all_reduce = _all_reduce
+        try:
+            _patch_fsdp()
+        except Exception as exc:
+            _report("FSDP hook", exc)
     _BaseDataLoaderIter.__next__ = _timed_next  # type: ignore[method-assign]
     DistributedSampler.set_epoch = _set_epoch  # type: ignore[method-assign]
     torch.autocast.__enter__ = _autocast_enter  # type: ignore[method-assign]
@@ -307,6 +378,7 @@ def uninstall(session: Observer) -> None:
         return
     from torch.nn.parallel import DistributedDataParallel
 
+    grad_check.uninstall()
     _BaseDataLoaderIter.__next__ = _originals.pop("next")  # type: ignore[method-assign]
     DistributedSampler.set_epoch = _originals.pop("set_epoch")  # type: ignore[method-assign]
     torch.autocast.__enter__ = _originals.pop("autocast_enter")  # type: ignore[method-assign]
@@ -318,3 +390,4 @@ def uninstall(session: Observer) -> None:
         torch.distributed.init_process_group = _originals.pop("init")
     if "all_reduce" in _originals:
         torch.distributed.all_reduce = _originals.pop("all_reduce")
+    _unpatch_fsdp()

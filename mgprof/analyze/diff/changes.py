@@ -299,6 +299,7 @@ def _parts(base: Side, new: Side, step_delta_ms: float | None) -> list[dict[str,
         n = {c.name: c.ms_per_step for c in new.buckets}
         rest_name = OUTSIDE_TRACE
     else:
+
         def named(side: Side) -> dict[str, float]:
             return {
                 (f"region {c.name}" if c.kind == "region" else c.name): c.ms_per_step

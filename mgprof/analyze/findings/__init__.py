@@ -4,11 +4,11 @@ Each rule is a small function ``(run, figures) -> Finding | None`` over the ``Ru
 typed analysis (``mgprof.analyze.run.schema.RunAnalysis``). A rule fires only on figures that
 were measured: a missing or None figure means "do not know", never "looks bad", so a CPU run or
 a run without traces gets no GPU advice. The rules live in one module per family
-(``strategy``, ``straggler``, ``data``, ``compute``, ``memory``), each with its thresholds as
-named constants and the reason for their values; ``core`` holds the ``Finding`` type (defined
-with the analysis schema) and the shared readers, ``fit`` what advice may assume about the
-device and the machine (CPU or GPU, cores per rank, DDP buckets, gradient sync). This module
-fixes the order the rules run in and evaluates them. The rule list and the advice are
+(``learning``, ``strategy``, ``straggler``, ``data``, ``compute``, ``memory``), each with its
+thresholds as named constants and the reason for their values; ``core`` holds the ``Finding``
+type (defined with the analysis schema) and the shared readers, ``fit`` what advice may assume
+about the device and the machine (CPU or GPU, cores per rank, DDP buckets, gradient sync). This
+module fixes the order the rules run in and evaluates them. The rule list and the advice are
 documented in ``docs/findings.md``.
 """
 
@@ -30,6 +30,7 @@ from mgprof.analyze.findings.core import Severity as Severity
 from mgprof.analyze.findings.data import DATALOADER_HIGH_PCT as DATALOADER_HIGH_PCT
 from mgprof.analyze.findings.data import DATALOADER_SHARE_PCT as DATALOADER_SHARE_PCT
 from mgprof.analyze.findings.data import dataloader_stall, identical_batches, set_epoch_missing
+from mgprof.analyze.findings.learning import zero_gradients
 from mgprof.analyze.findings.memory import HEADROOM_CRITICAL_PCT as HEADROOM_CRITICAL_PCT
 from mgprof.analyze.findings.memory import HEADROOM_HIGH_PCT as HEADROOM_HIGH_PCT
 from mgprof.analyze.findings.memory import HEADROOM_LOW_PCT as HEADROOM_LOW_PCT
@@ -60,6 +61,7 @@ __all__ = [
 ]
 
 RULES: tuple[Rule, ...] = (
+    zero_gradients,
     dataparallel_in_use,
     identical_batches,
     exposed_communication,

@@ -2,7 +2,8 @@
 
 A multi-rank figure (job throughput, speedup, scaling efficiency, the comm share) means what its
 label says only when the ranks trained one model together. Each rank counts the forwards of a
-DDP module with gradient sync on, the forwards of a DataParallel module over 2+ devices, and the
+DDP module with gradient sync on, the outermost forwards of an FSDP-sharded model (FSDP
+reduce-scatters in backward), the forwards of a DataParallel module over 2+ devices, and the
 ``all_reduce`` calls the script made itself; a run whose ranks show none of these trained
 independent replicas, and is never labelled ddp.
 """
@@ -27,7 +28,7 @@ class GradSync(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     """``synchronised``, ``independent`` (replicas that never synchronised), ``partial``,
     ``unknown`` (records from an mgprof that did not count) or ``not applicable``."""
     how: str | None = None
-    """``ddp`` / ``dp`` / ``script all_reduce``: what synchronised the gradients."""
+    """``ddp`` / ``fsdp`` / ``dp`` / ``script all_reduce``: what synchronised the gradients."""
     synced_ranks: list[int] = msgspec.field(default_factory=list)
     independent_ranks: list[int] = msgspec.field(default_factory=list)
     detail: str = ""
@@ -44,6 +45,8 @@ def rank_sync(rec: RankRecord) -> str | None:
         return None
     if t.ddp_sync_forwards:
         return "ddp"
+    if t.fsdp_forwards:
+        return "fsdp"
     if t.dp_forwards:
         return "dp"
     if t.script_all_reduces:
@@ -83,6 +86,10 @@ def grad_sync(run: RunRecord) -> GradSync:
         detail = {
             "ddp": "every rank ran DistributedDataParallel forwards with gradient sync on",
             "dp": "DataParallel replicated each forward over two or more devices",
+            "fsdp": (
+                "sharded (FSDP: reduce-scatter): every rank ran forwards of the script's "
+                "FSDP-sharded model, whose backward reduce-scatters the gradients"
+            ),
             "script all_reduce": (
                 "the script called all_reduce itself on every rank (mgprof cannot tell "
                 "whether those were gradients)"
@@ -94,7 +101,8 @@ def grad_sync(run: RunRecord) -> GradSync:
     if not synced:
         reason = auto.reason if auto else None
         detail = (
-            "no rank ran a DDP or DataParallel forward or called all_reduce: each rank trained "
+            "no rank ran a DDP, FSDP or DataParallel forward or called all_reduce: each rank "
+            "trained "
             "its own copy of the model, so their throughputs add up to no job's and there is "
             "no speedup to report"
         )
@@ -123,4 +131,6 @@ def strategy_label(run: RunRecord, sync: GradSync) -> str:
         return f"{run.strategy} (partly unsynchronised)"
     if sync.auto_wrap and sync.auto_wrap.wrapper:
         return f"{run.strategy} (auto-wrapped)"
+    if sync.how == "fsdp":
+        return f"fsdp (the script's own; launched as {run.strategy})"
     return run.strategy

@@ -9,7 +9,12 @@ from mgprof.analyze.readers import num as _float_or_none
 from mgprof.analyze.run.grad_sync import grad_sync, strategy_label
 from mgprof.analyze.run.results import JobAnalysis, RankAnalysis
 from mgprof.analyze.run.steps import dataloader_totals, steady_state_steps
-from mgprof.analyze.stats import ratio_pct, spread_pct
+from mgprof.analyze.stats import (
+    binomial_upper_tail,
+    mean_difference_halfwidth,
+    ratio_pct,
+    spread_pct,
+)
 from mgprof.records import RunRecord
 
 
@@ -29,7 +34,7 @@ def job_analysis(
     _job_throughput(run, ranks, job)
     _job_energy(run, ranks, job)
     _job_dataloader(run, job)
-    _job_slowest(ranks, job, trace_job)
+    _job_slowest(run, ranks, job, trace_job)
     _job_identical_batches(run, job)
     _cpu_fallback(run, job)
     return job
@@ -99,31 +104,99 @@ def _job_dataloader(run: RunRecord, job: JobAnalysis) -> None:
         job.not_applicable["dataloader_share_pct"] = "DataLoader wait was not timed on any rank"
 
 
+CHANCE_P = 0.05
+"""A rank is called slowest only when chance would give its lead less than 1 time in 20."""
+
+
 def _job_slowest(
-    ranks: Sequence[RankAnalysis], job: JobAnalysis, trace_job: Mapping[str, Any] | None
+    run: RunRecord,
+    ranks: Sequence[RankAnalysis],
+    job: JobAnalysis,
+    trace_job: Mapping[str, Any] | None,
 ) -> None:
     """One definition of the slowest rank (also ``mgprof trace``'s): the rank the others wait
     for, i.e. the one that arrives last in the most matched collective calls; without matched
     collectives, the rank with the highest mean steady-state step time (ranks of a DDP job step
-    in lock-step, so their mean step times differ by noise and rank order flips between runs)."""
+    in lock-step, so their mean step times differ by noise and rank order flips between runs).
+
+    Either basis names a rank only beyond the run's own noise: the last arrivals when chance
+    (every rank equally likely to arrive last) would give that rank's count less than 1 time in
+    20, the step times when the slowest and fastest means differ by more than the 95 % interval
+    of a difference of means. Otherwise no rank is named, with the figures that say why (a
+    "slowest rank 1" at 14.28 ms beside rank 0 at 14.31 ms named noise)."""
     timed = [(r.step_time_ms.mean, r.rank) for r in ranks if r.step_time_ms is not None]
     if len(timed) < 2:
         why = "fewer than two ranks with step times: nothing to compare"
         job.not_applicable["slowest_rank"] = why
         job.not_applicable["step_time_spread_pct"] = why
         return
-    slow_ms, slow_rank = max(timed)
-    job.slowest_rank_basis = "highest mean step time"
-    last = (trace_job or {}).get("slowest_rank")
-    mean_of = {rank: ms for ms, rank in timed}
-    if isinstance(last, int) and last in mean_of:
-        slow_ms, slow_rank = mean_of[last], last
-        job.slowest_rank_basis = "last to arrive at collectives (traces)"
-    job.slowest_rank, job.slowest_mean_step_ms = slow_rank, slow_ms
-    _job_fastest(timed, slow_rank, slow_ms, job)
     job.step_time_spread_pct = spread_pct([t for t, _ in timed])
     if job.step_time_spread_pct is None:
         job.not_applicable["step_time_spread_pct"] = "the fastest rank's mean step time is zero"
+    mean_of = {rank: ms for ms, rank in timed}
+    last, arrivals_why = _last_arrivals_beyond_chance(trace_job, mean_of)
+    if last is not None:
+        job.slowest_rank_basis = "last to arrive at collectives (traces)"
+        slow_ms, slow_rank = mean_of[last], last
+    else:
+        slow_ms, slow_rank = max(timed)
+        noise_why = _step_times_within_noise(run, timed)
+        if noise_why is not None:
+            why = noise_why if arrivals_why is None else f"{arrivals_why}; {noise_why}"
+            job.not_applicable["slowest_rank"] = why
+            job.not_applicable["fastest_rank"] = why
+            return
+        job.slowest_rank_basis = "highest mean step time"
+    job.slowest_rank, job.slowest_mean_step_ms = slow_rank, slow_ms
+    _job_fastest(timed, slow_rank, slow_ms, job)
+
+
+def _last_arrivals_beyond_chance(
+    trace_job: Mapping[str, Any] | None, mean_of: Mapping[int, float]
+) -> tuple[int | None, str | None]:
+    """The traces' last-arriving rank when its count of last arrivals is beyond chance, else
+    None and, when the traces named one, why it is not taken."""
+    last = (trace_job or {}).get("slowest_rank")
+    if not isinstance(last, int) or last not in mean_of:
+        return None, None
+    cross = (trace_job or {}).get("cross_rank")
+    per_rank = cross.get("per_rank") if isinstance(cross, Mapping) else None
+    counts: dict[int, int] = {
+        int(w["rank"]): int(w["last_arrivals"])
+        for w in per_rank or []
+        if isinstance(w, Mapping)
+        and isinstance(w.get("rank"), int)
+        and isinstance(w.get("last_arrivals"), int)
+    }
+    if last not in counts or len(counts) < 2:
+        return last, None  # an older summary without the counts: taken as it was
+    k, n = counts[last], sum(counts.values())
+    p = min(1.0, len(counts) * binomial_upper_tail(k, n, 1.0 / len(counts)))
+    if p <= CHANCE_P:
+        return last, None
+    return None, (
+        f"rank {last} arrived last at {k} of {n} collectives, which chance gives "
+        f"{p:.0%} of the time"
+    )
+
+
+def _step_times_within_noise(run: RunRecord, timed: Sequence[tuple[float, int]]) -> str | None:
+    """Why the ranks' mean step times do not single out a slowest rank, or None when they do."""
+    (slow_ms, slow), (fast_ms, fast) = max(timed), min(timed)
+    steps = {rec.rank: [s.duration_ms for s in steady_state_steps(rec.steps)] for rec in run.ranks}
+    half = mean_difference_halfwidth(steps.get(slow, []), steps.get(fast, []))
+    gap = slow_ms - fast_ms
+    if half is None:
+        return (
+            f"rank {slow} {slow_ms:,.2f} ms vs rank {fast} {fast_ms:,.2f} ms mean step: too "
+            "few steps to tell the ranks apart"
+        )
+    if gap > half:
+        return None
+    return (
+        f"rank {slow} {slow_ms:,.2f} ms vs rank {fast} {fast_ms:,.2f} ms mean step: a "
+        f"{gap:,.2f} ms gap within the steps' own noise (95 % ±{half:,.2f} ms)"
+    )
 
 
 def _job_fastest(

@@ -160,6 +160,8 @@ class _Inputs:
     group_size: int = 1
     reasons: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
+    no_batch: str = "batch size unknown (pass batch= or batch_size= to prof.step)"
+    """Why a step without a batch is dropped, in words the script's author can act on."""
 
 
 def _harmonic(values: Sequence[float]) -> float:
@@ -188,6 +190,10 @@ def _drop(dropped: dict[str, int], why: str) -> None:
 def step_estimates(run: RunRecord) -> tuple[list[StepNoise], _Inputs]:
     """Per-step estimates of a run (ranks combined), and what went into them."""
     inputs = _Inputs()
+    if run.ranks and all(r.step_form == "auto" for r in run.ranks):
+        inputs.no_batch = (
+            "batch size unknown (the trained module's inputs had no leading batch dimension)"
+        )
     records = _records(run)
     for _, rec in records:
         for why, count in rec.dropped.items():  # ranks drop the same steps: the most, not a sum
@@ -229,7 +235,7 @@ def _ddp_steps(
         entries = per_step[index]
         batches = [float(b) for _, _, b in entries if b is not None and b > 0]
         if not batches:
-            _drop(dropped, "batch size unknown (pass batch= or batch_size= to prof.step)")
+            _drop(dropped, inputs.no_batch)
             continue
         b_small = _harmonic(batches)
         pair = estimate_pair(
@@ -253,7 +259,7 @@ def _accumulation_steps(rec: NoiseScaleRecord, inputs: _Inputs) -> list[StepNois
         batch = rec.batch_size[i] if i < len(rec.batch_size) else None
         k = rec.micro_batches[i] if i < len(rec.micro_batches) else 1
         if batch is None or batch <= 0 or k < 1:
-            _drop(dropped, "batch size unknown (pass batch= or batch_size= to prof.step)")
+            _drop(dropped, inputs.no_batch)
             continue
         pair = estimate_pair(local, avg, batch / k, float(batch))
         if pair is None:
@@ -292,6 +298,12 @@ class NoiseEstimate(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     """Why ``b_simple`` is missing, when it is."""
 
 
+ZERO_GRADIENTS_REASON = (
+    "not defined: gradients are zero (every gradient norm measured over {n} step(s) was "
+    "exactly 0, so there is no signal and no noise: the model does not learn; check the loss)"
+)
+
+
 def _ratio(trace: float, g2: float) -> float:
     if g2 <= 0.0:
         return math.inf
@@ -325,6 +337,10 @@ def summarize_steps(steps: Sequence[StepNoise], seed: int = BOOTSTRAP_SEED) -> N
     """B_simple over ``steps`` (in step order): ratio of the means, band, halves, latest EMA."""
     ordered = sorted(steps, key=lambda s: s.index)
     est = NoiseEstimate(steps=len(ordered))
+    if ordered and all(s.g2 == 0.0 and s.trace == 0.0 for s in ordered):
+        est.first_step, est.last_step = ordered[0].index, ordered[-1].index
+        est.reason = ZERO_GRADIENTS_REASON.format(n=len(ordered))
+        return est
     if len(ordered) < MIN_STEPS:
         est.reason = f"{len(ordered)} step(s) measured; the estimate needs at least {MIN_STEPS}"
         return est

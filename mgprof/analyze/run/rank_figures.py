@@ -143,7 +143,7 @@ def analyze_rank(rank: RankRecord, traces: RunTraces) -> RankAnalysis:
     out.steps_measured = len(steady)
     if steady:
         out.step_time_ms = step_time_stats([s.duration_ms for s in steady])
-        out.samples_per_s, why = throughput(steady)
+        out.samples_per_s, why = throughput(steady, rank.step_form)
         if out.samples_per_s is None:
             na["samples_per_s"] = why
         dl, dur = dataloader_totals(rank, steady)
@@ -151,7 +151,11 @@ def analyze_rank(rank: RankRecord, traces: RunTraces) -> RankAnalysis:
         if out.dataloader_share_pct is None:
             na["dataloader_share_pct"] = "DataLoader wait was not timed on this rank"
     else:
-        why = "no steps recorded on this rank (call prof.step() once per iteration)"
+        why = (
+            "no steps recorded on this rank (the script made no optimizer step)"
+            if rank.step_form == "auto"
+            else "no steps recorded on this rank (call prof.step() once per iteration)"
+        )
         for key in ("step_time_ms", "samples_per_s", "dataloader_share_pct"):
             na[key] = why
 

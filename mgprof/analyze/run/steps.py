@@ -32,11 +32,22 @@ def step_time_stats(durations_ms: Sequence[float]) -> StepTimeStats:
     )
 
 
-def throughput(steps: Sequence[StepRecord]) -> tuple[float | None, str]:
-    """Samples per second over steps with a known batch size, or None and the reason."""
+NO_BATCH_AUTO = (
+    "no batch size seen: the trained module's calls had no tensor argument with a leading batch "
+    "dimension and no DataLoader yielded the batches"
+)
+"""Under ``mgprof analyze`` nobody can pass a batch size: say what was looked at instead."""
+NO_BATCH_OWN = "no batch sizes recorded (pass batch_size= to prof.step())"
+
+
+def throughput(
+    steps: Sequence[StepRecord], step_form: str | None = None
+) -> tuple[float | None, str]:
+    """Samples per second over steps with a known batch size, or None and the reason (advice
+    the script can follow: an automatic session's steps have no ``prof.step`` to change)."""
     sized = [s for s in steps if s.batch_size is not None]
     if not sized:
-        return None, "no batch sizes recorded (pass batch_size= to prof.step())"
+        return None, NO_BATCH_AUTO if step_form == "auto" else NO_BATCH_OWN
     seconds = sum(s.duration_ms for s in sized) / 1000.0
     if seconds <= 0.0:
         return None, "the steps with a batch size took no measurable time"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mgprof.analyze.run.grad_sync import GradSync
 from mgprof.analyze.run.precision import setting_label
 from mgprof.analyze.run.schema import PrecisionAnalysis, RunAnalysis, given
-from mgprof.records import RunRecord
+from mgprof.records import FsdpRecord, RunRecord
 from mgprof.report.run.section_model import Section, Table
 
 
@@ -29,6 +29,9 @@ def setup_section(run: RunRecord, analysis: RunAnalysis) -> Section:
     samplers = bool(run.ranks) and all(r.training.distributed_sampler for r in run.ranks)
     if job is not None and job.grad_sync is not None:
         sec.facts.extend(_sync_facts(job.grad_sync, samplers))
+    fsdp = next((r.training.fsdp for r in run.ranks if r.training.fsdp is not None), None)
+    if fsdp is not None:
+        sec.facts.append(("FSDP", fsdp_text(fsdp)))
     precision = given(analysis.precision)
     if precision is not None:
         sec.facts.append(("precision", _precision_fact(precision)))
@@ -100,6 +103,34 @@ def _sync_facts(sync: GradSync, samplers: bool = False) -> list[tuple[str, str]]
     elif wrap is not None and wrap.reason:
         facts.append(("auto-wrap", f"nothing wrapped: {wrap.reason}"))
     return facts
+
+
+def fsdp_text(fsdp: FsdpRecord) -> str:
+    """``fully_shard (FSDP2): 5 units (Block x4, Net x1), reshard_after_forward True, ...``."""
+    api = {"fully_shard": "fully_shard (FSDP2)", "FullyShardedDataParallel": "FSDP1"}.get(
+        fsdp.api, fsdp.api
+    )
+    classes = ", ".join(f"{name} x{n}" for name, n in fsdp.unit_classes.items())
+    parts = [f"{api}: {fsdp.units} unit{'s' if fsdp.units != 1 else ''}"]
+    if classes:
+        parts[0] += f" ({classes})"
+    if fsdp.reshard_after_forward:
+        values = "/".join(str(v) for v in fsdp.reshard_after_forward)
+        parts.append(f"reshard_after_forward {values}")
+    if fsdp.sharding_strategy:
+        parts.append(f"sharding {fsdp.sharding_strategy}")
+    if fsdp.param_dtype or fsdp.reduce_dtype:
+        parts.append(
+            f"mixed precision: params {fsdp.param_dtype or 'as stored'}, "
+            f"reduce {fsdp.reduce_dtype or 'as params'}"
+        )
+    else:
+        parts.append("no mixed-precision policy")
+    if fsdp.mesh_shape:
+        parts.append("mesh " + " x ".join(str(n) for n in fsdp.mesh_shape))
+    elif fsdp.world:
+        parts.append(f"{fsdp.world} ranks")
+    return ", ".join(parts)
 
 
 def _count(value: int | None) -> str:

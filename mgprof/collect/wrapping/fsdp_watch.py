@@ -1,0 +1,159 @@
+"""A script's own FSDP, recognised: its units and settings, and its forwards as the evidence that
+the ranks synchronised their gradients.
+
+FSDP (``fully_shard``, FSDP2; ``FullyShardedDataParallel``, FSDP1) synchronises gradients by a
+reduce-scatter in backward, not by DDP's all-reduce, so a rank whose model FSDP shards ran no
+DDP forward, and its run read as "independent replicas". Every FSDP module the script makes
+(``fully_shard`` and FSDP1's constructor are watched from the start of the run; modules made
+before a script's own session started are found once by a walk over live objects) gets a
+forward pre-hook and a forward hook: a forward of the outermost FSDP module with gradients on
+counts as one sharded, gradient-synchronising forward, and its inputs give the samples the
+step trained (FSDP swaps module classes itself, so auto-wrap's route cannot observe them).
+Reading only: the hooks change nothing the script computes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+
+from mgprof.collect.batchinfo import forward_samples
+from mgprof.collect.failopen import report
+from mgprof.records import FsdpRecord
+
+_watched: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+_depth = 0
+"""FSDP forwards under way: the outermost one is the step's (nested units are parts of it)."""
+_forwards = 0
+
+
+def fsdp_classes() -> tuple[type, ...]:
+    """FSDP2's ``FSDPModule`` and FSDP1's ``FullyShardedDataParallel`` (none in a torch built
+    without distributed)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:
+        return ()
+    return (FSDPModule, FullyShardedDataParallel)
+
+
+def is_fsdp(module: Any) -> bool:
+    classes = fsdp_classes()
+    return bool(classes) and isinstance(module, classes)
+
+
+def watch(module: Any) -> None:
+    """Hook ``module`` (an FSDP module; anything else is left alone) once."""
+    if not is_fsdp(module) or module in _watched:
+        return
+    _watched.add(module)
+    module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
+    module.register_forward_hook(_post_forward, always_call=True)
+
+
+def _pre_forward(module: Any, args: Any, kwargs: Any) -> None:
+    global _depth, _forwards
+    try:
+        outermost = _depth == 0
+        _depth += 1
+        if outermost and module.training and torch.is_grad_enabled():
+            _forwards += 1
+            forward_samples.add(args, kwargs)
+    except Exception as exc:  # fail open: the forward runs, uncounted
+        report("FSDP hook", exc)
+
+
+def _post_forward(module: Any, args: Any, output: Any) -> None:
+    global _depth
+    _depth = max(0, _depth - 1)
+
+
+def forwards() -> int:
+    """Outermost FSDP forwards with gradients on, so far in this process."""
+    return _forwards
+
+
+def _own_class(module: Any) -> str:
+    """The script's class of an FSDP unit: FSDP2 makes ``FSDP<Class>`` subclassing both
+    ``FSDPModule`` and the class; FSDP1 wraps the module."""
+    inner = getattr(module, "_fsdp_wrapped_module", None)
+    if inner is not None:
+        return type(inner).__name__
+    classes = fsdp_classes()
+    bases = [b for b in type(module).__bases__ if not (classes and issubclass(b, classes[0]))]
+    return bases[0].__name__ if bases else type(module).__name__
+
+
+def _dtype(value: Any) -> str | None:
+    return str(value).removeprefix("torch.") if value is not None else None
+
+
+def settings() -> FsdpRecord | None:
+    """What the watched FSDP modules are: units, classes, resharding, precision, mesh."""
+    modules = list(_watched)
+    if not modules:
+        return None
+    try:
+        return _settings(modules)
+    except Exception as exc:  # private FSDP state changed shape: the units are still counted
+        report("FSDP settings", exc)
+        return FsdpRecord(api="unknown", units=len(modules))
+
+
+def _settings(modules: list[Any]) -> FsdpRecord:
+    fsdp1 = [m for m in modules if hasattr(m, "_fsdp_wrapped_module")]
+    if fsdp1:
+        first = fsdp1[0]
+        strategy = getattr(first, "sharding_strategy", None)
+        mp = getattr(first, "mixed_precision", None)
+        return FsdpRecord(
+            api="FullyShardedDataParallel",
+            units=len(fsdp1),
+            unit_classes=_classes(fsdp1),
+            sharding_strategy=getattr(strategy, "name", None),
+            param_dtype=_dtype(getattr(mp, "param_dtype", None)),
+            reduce_dtype=_dtype(getattr(mp, "reduce_dtype", None)),
+            world=int(getattr(first, "world_size", 0) or 0) or None,
+        )
+    reshard: set[bool] = set()
+    param_dtype = reduce_dtype = None
+    mesh: list[int] | None = None
+    units = []
+    for module in modules:
+        group = module._get_fsdp_state()._fsdp_param_group
+        if group is None:  # a root holding no parameters of its own
+            continue
+        units.append(module)
+        reshard.add(group.post_forward_mesh_info is not None)
+        policy = group.mp_policy
+        param_dtype = param_dtype or _dtype(policy.param_dtype)
+        reduce_dtype = reduce_dtype or _dtype(policy.reduce_dtype)
+        if mesh is None:
+            mesh = [int(n) for n in group.mesh_info.mesh.shape]
+    return FsdpRecord(
+        api="fully_shard",
+        units=len(units),
+        unit_classes=_classes(units),
+        reshard_after_forward=sorted(reshard),
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
+        mesh_shape=mesh,
+        world=None if mesh is None else _product(mesh),
+    )
+
+
+def _classes(units: list[Any]) -> dict[str, int]:
+    """Unit classes with their counts, most units first (the same order on every rank)."""
+    counts = Counter(_own_class(m) for m in units)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _product(values: list[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
