@@ -34,6 +34,9 @@
 #                 GradScaler, losses "ok"; precision-amp: the AMP tutorial's own autocast and
 #                 GradScaler as the labelled baseline row; with 2+ GPUs also the dp and ddp rows
 #                 (DataParallel carries autocast into its replica threads)
+#   fsdp          a script's own FSDP2 (fully_shard) on CUDA over NCCL: run.json grad_sync how
+#                 "fsdp", training.fsdp with its units and mesh; fsdp1: the same for an FSDP1
+#                 script (FullyShardedDataParallel needs an accelerator: CPU cannot test it)
 #   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,6 +102,14 @@ check precision 300 python3 -m mgprof compare tests/scripts/cnn_loader.py --gpus
   --out "$OUT/runs" --quiet --format md
 check precision-amp 180 python3 -m mgprof compare tests/scripts/amp_tutorial.py --gpus 1 \
   --strategies single --precision fp32,bf16 --steps 10 --out "$OUT/runs" --quiet --format md
+# shellcheck disable=SC2016
+FSDP_CHECK='import glob, json, sys; r = json.load(open(sorted(glob.glob(sys.argv[1] + "/*/run.json"))[-1]));
+s = r["analysis"]["job"]["grad_sync"]; f = r["ranks"][0]["training"]["fsdp"]; print(s, f);
+sys.exit(0 if f["units"] >= 2 and (s["how"] == "fsdp" or r["world_size"] == 1) else 1)'
+check fsdp 180 bash -c 'python3 -m mgprof analyze tests/scripts/fsdp2_blocks.py --gpus "$1" --quiet \
+  --out "$0/fsdp" -- --dim 1024 && python3 -c "$2" "$0/fsdp"' "$OUT" "$GPUS" "$FSDP_CHECK"
+check fsdp1 180 bash -c 'python3 -m mgprof analyze tests/scripts/fsdp1_wrap.py --gpus "$1" --quiet \
+  --out "$0/fsdp1" && python3 -c "$2" "$0/fsdp1"' "$OUT" "$GPUS" "$FSDP_CHECK"
 if [ "$GPUS" -ge 2 ]; then
   check bandwidth 180 python3 -m mgprof doctor --bandwidth --gpus "$GPUS" --sizes 1M,64M --json
 else
@@ -110,5 +121,5 @@ else
   echo "fixtures: skipped (copy ../shared/gpu/capture_fixtures.py to .gpu/ and carry it)" >>"$SUMMARY"
 fi
 # keep what comes back small: traces of the runs are the bulk
-find "$OUT/runs" "$OUT"/diff-* -name '*.pt.trace.json.gz' -size +2M -delete 2>/dev/null || true
+find "$OUT/runs" "$OUT"/diff-* "$OUT"/fsdp* -name '*.pt.trace.json.gz' -size +2M -delete 2>/dev/null || true
 cat "$SUMMARY"

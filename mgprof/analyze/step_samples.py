@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from mgprof.records import RunRecord
@@ -133,9 +134,8 @@ def _draw_means(row: RowSamples, rng: np.random.Generator, draws: int) -> np.nda
     return totals / counts
 
 
-@dataclass
-class RatioInterval:
-    """rate(a) / rate(b) and its bootstrap interval."""
+class Interval(msgspec.Struct, kw_only=True):
+    """Throughput of row ``a`` over row ``b`` and its 95 % interval (what a verdict reads)."""
 
     a: str
     b: str
@@ -145,12 +145,8 @@ class RatioInterval:
 
     @property
     def above(self) -> bool:
-        """a is measurably faster than b: the whole interval is above 1."""
+        """``a`` is measurably faster than ``b``: the whole interval lies above 1."""
         return self.low > 1.0
-
-    @property
-    def below(self) -> bool:
-        return self.high < 1.0
 
 
 def rate_intervals(
@@ -158,7 +154,7 @@ def rate_intervals(
     pairs: Sequence[tuple[str, str]],
     draws: int = BOOTSTRAP_DRAWS,
     seed: int = BOOTSTRAP_SEED,
-) -> list[RatioInterval]:
+) -> list[Interval]:
     """The interval of rate(a) / rate(b) for each pair whose rows both have a rate."""
     rng = np.random.default_rng(seed)
     means: dict[str, np.ndarray] = {}
@@ -178,5 +174,5 @@ def rate_intervals(
         if not len(ratios):
             continue
         low, high = np.quantile(ratios, [tail, 1.0 - tail])
-        out.append(RatioInterval(a, b, ra / rb, float(low), float(high)))
+        out.append(Interval(a=a, b=b, ratio=ra / rb, low=float(low), high=float(high)))
     return out

@@ -453,8 +453,7 @@ def _run_one(
     """Launch one strategy (at one precision) into the comparison directory, analyse it, make
     its row; the row, the run's analysis and the machine's load while it ran."""
     from mgprof.collect.wrapping.nosync import read_result
-    from mgprof.run.finish import finish_run
-    from mgprof.run.launcher import LaunchConfig, launch
+    from mgprof.run.launcher import LaunchConfig
 
     env = {"MGPROF_COMPARE": "1", **(env or {})}
     if per_process_batch is not None:
@@ -478,19 +477,8 @@ def _run_one(
         precision=precision,
         seed=PRECISION_SEED if precision is not None else None,
     )
-    callback = None
-    if on_progress is not None:
-        label = strategy if precision is None else f"{strategy} {precision}"
-
-        def callback(counts: dict[int, int]) -> None:
-            on_progress(label, counts)
-
-    meter = LoadMeter().start()
-    result = launch(config, on_progress=callback)
-    load = meter.stop()
-    run, analysis = finish_run(result.run_dir, result.run)
-    if result.stopped is not None:  # Ctrl-C or SIGTERM: no further strategy is launched
-        raise result.stopped
+    label = strategy if precision is None else f"{strategy} {precision}"
+    result, run, analysis, load = _launch_measured(config, label, on_progress)
     ab: Any = None
     if strategy == "ddp" and nosync_steps > 0:
         found = read_result(result.run_dir, 0)
@@ -524,7 +512,7 @@ def _run_round(
 ) -> tuple[RunRecord, str, MachineLoad | None]:
     """A later round of ``row``: the same launch without a trace, the A/B or memory tracking
     (nothing there would change its step times); the run, its directory name and the load."""
-    from mgprof.run.launcher import LaunchConfig, launch
+    from mgprof.run.launcher import LaunchConfig
 
     extra = {"MGPROF_COMPARE": "1", **env}
     if per_process_batch is not None:
@@ -545,22 +533,33 @@ def _run_round(
         precision=row.precision,
         seed=PRECISION_SEED if row.precision is not None else None,
     )
+    label = f"{row_name(row)} (round {round_no})"
+    result, run, _, load = _launch_measured(config, label, on_progress)
+    return run, result.run_dir.name, load
+
+
+def _launch_measured(
+    config: Any, label: str, on_progress: Callable[[str, dict[int, int]], None] | None
+) -> tuple[Any, RunRecord, dict[str, Any], MachineLoad | None]:
+    """Launch one run of a row with its progress labelled and the machine's load measured
+    around it; the launch result, its finished record and analysis, and the load. Ctrl-C or
+    SIGTERM during it is raised, so no further run is launched."""
+    from mgprof.run.finish import finish_run
+    from mgprof.run.launcher import launch
+
     callback = None
     if on_progress is not None:
-        label = f"{row_name(row)} (round {round_no})"
 
         def callback(counts: dict[int, int]) -> None:
             on_progress(label, counts)
 
-    from mgprof.run.finish import finish_run
-
     meter = LoadMeter().start()
     result = launch(config, on_progress=callback)
     load = meter.stop()
-    run, _ = finish_run(result.run_dir, result.run)
+    run, analysis = finish_run(result.run_dir, result.run)
     if result.stopped is not None:
         raise result.stopped
-    return run, result.run_dir.name, load
+    return result, run, analysis, load
 
 
 def _write_markdown(comp_dir: Path, comp: Comparison) -> None:

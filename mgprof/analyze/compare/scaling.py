@@ -21,7 +21,7 @@ import msgspec
 from mgprof.analyze.readers import num as _num
 from mgprof.analyze.run.grad_sync import INDEPENDENT_LABEL
 from mgprof.analyze.run.precision import LossCheck
-from mgprof.analyze.step_samples import RowSamples, rate_intervals, run_steps
+from mgprof.analyze.step_samples import Interval, RowSamples, rate_intervals, run_steps
 from mgprof.errors import RunRecordError
 from mgprof.records import RunRecord
 from mgprof.safe_read import read_regular
@@ -134,21 +134,6 @@ class Row(msgspec.Struct, kw_only=True):
     steal_pct: float | None = None
     """Steal time (a hypervisor gave the cores to another guest) while this row ran, percent
     of the machine's cores (the most of its rounds)."""
-
-
-class Interval(msgspec.Struct, kw_only=True):
-    """Throughput of row ``a`` over row ``b`` and its 95 % interval."""
-
-    a: str
-    b: str
-    ratio: float
-    low: float
-    high: float
-
-    @property
-    def above(self) -> bool:
-        """``a`` is measurably faster than ``b``: the whole interval lies above 1."""
-        return self.low > 1.0
 
 
 class NotApplicable(msgspec.Struct, kw_only=True):
@@ -516,11 +501,7 @@ def add_speedups(rows: Sequence[Row]) -> list[Interval]:
             row.speedup_low, row.speedup_high = interval.low, interval.high
         if row.efficiency_pct > SUPERLINEAR_PCT:
             row.notes.append(_superlinear(row, base))
-    return [
-        Interval(a=i.a, b=i.b, ratio=i.ratio, low=i.low, high=i.high)
-        for i in found.values()
-        if i.a < i.b
-    ]
+    return [i for i in found.values() if i.a < i.b]
 
 
 # --------------------------------------------------------------------------------------------
