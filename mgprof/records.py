@@ -172,7 +172,9 @@ class TrainingFacts(Struct):
     (``mgprof.collect.grad_check``: the first few, then one in 64)."""
     grad_norms: list[float | None] | None = None
     """Total L2 norm of the gradients the optimizer applied at each checked update (None: no
-    parameter it holds had a gradient)."""
+    parameter it holds had a gradient, or the norm was not finite: see ``grad_nonfinite``)."""
+    grad_nonfinite: list[int] | None = None
+    """Positions in ``grad_norms`` whose norm was NaN or inf (JSON has no such number)."""
 
 
 class AutoWrapRecord(Struct):

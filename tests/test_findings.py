@@ -661,6 +661,9 @@ def test_zero_gradients_fires_only_when_every_checked_norm_is_zero() -> None:
         assert fired("zero_gradients", run, analysed(run)) is None
     run = grads_run(None, None)  # nothing checked (an older record): do not know
     assert fired("zero_gradients", run, analysed(run)) is None
+    run = grads_run([0.0, None], [0.0, 0.0])  # NaN at one check (JSON null): not zero
+    run.ranks[0].training.grad_nonfinite = [1]
+    assert fired("zero_gradients", run, analysed(run)) is None
 
 
 def test_zero_gradients_names_gradients_that_never_arrived() -> None:

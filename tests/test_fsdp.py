@@ -21,12 +21,10 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fsdp")
+def _analyze(out: Path, *script_args: str) -> Path:
     args = ["analyze", str(SCRIPTS / "fsdp2_blocks.py"), "--gpus", "2", "--quiet"]
     proc = subprocess.run(
-        [sys.executable, "-m", "mgprof", *args, "--out", str(out), "--", "--steps", "10"],
+        [sys.executable, "-m", "mgprof", *args, "--out", str(out), "--", *script_args],
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -35,6 +33,11 @@ def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_json,) = out.glob("*/run.json")
     return run_json.parent
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _analyze(tmp_path_factory.mktemp("fsdp"), "--steps", "10")
 
 
 def test_a_scripts_own_fsdp2_is_sharded_and_synchronised(fsdp_run: Path) -> None:
@@ -67,3 +70,14 @@ def test_the_report_names_the_fsdp_setup(fsdp_run: Path) -> None:
     assert "independent replicas" not in report
     assert "| FSDP | fully_shard (FSDP2): 5 units (Block x4, Net x1)" in report
     assert "reshard_after_forward False/True, no mixed-precision policy, mesh 2" in report
+
+
+def test_checkpointed_blocks_rerun_in_backward_are_not_steps(tmp_path: Path) -> None:
+    """Activation checkpointing runs each block's forward again inside backward: those are
+    not steps, and their inputs are not samples (counted, they gave 5x the steps and batch)."""
+    run = json.loads((_analyze(tmp_path, "--steps", "10", "--checkpoint") / "run.json").read_text())
+    assert run["analysis"]["job"]["grad_sync"]["how"] == "fsdp"
+    for rank in run["ranks"]:
+        steps = rank["steps"]
+        assert {s["batch_size"] for s in steps} == {16}
+        assert rank["training"]["fsdp_forwards"] == len(steps) + 1  # + the unrecorded first

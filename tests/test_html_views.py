@@ -199,14 +199,24 @@ def test_kernels_view_has_calls_times_tensor_cores_and_share(
 
 
 def test_distributed_and_steps_views(h200: tuple[RunRecord, dict[str, Any]]) -> None:
-    text = to_html(*two_gpu_ranks(h200))
+    run, analysis = two_gpu_ranks(h200)
+    job = analysis["job"]  # the job's own verdict decides the callout, as analyze_run makes it
+    job.update(slowest_rank=0, slowest_rank_basis="last to arrive at collectives (traces)")
+    job["not_applicable"].pop("slowest_rank", None)
+    text = to_html(run, analysis)
     data = page_data(text)
     coll = table(data, "dist-collectives")[0]
     assert coll["busbw GB/s"] == 2.0 and coll["MB"] == 6.0 and coll["message sizes"] == "1.5 MB ×4"
     wait = data["figures"]["dist-wait"]["all"]["data"]
-    assert wait[0]["x"] == ["rank 0 (slowest)", "rank 1"]
+    assert wait[0]["x"] == ["rank 0 (last to arrive)", "rank 1"]
     assert wait[0]["y"] == [2.5, 2.5] and wait[1]["y"] == [0.0, 0.4]
     assert "Slowest rank: 0 — it arrived last at 4 of 4 matched collectives" in text
+    # within the run's noise the job names no rank, and the page says so and why
+    job.update(slowest_rank=None, slowest_rank_basis=None)
+    job["not_applicable"]["slowest_rank"] = "a 0.03 ms gap within the steps' own noise"
+    quiet = to_html(run, analysis)
+    assert "Slowest rank:" not in quiet
+    assert "No slowest rank: a 0.03 ms gap within the steps&#x27; own noise" in quiet
     busbw = data["figures"]["dist-busbw"]["all"]["data"]
     assert [t["meta"]["rank"] for t in busbw] == [0, 1] and busbw[1]["y"] == [3.0]
     merged = next(r for r in table(data, "dist-collectives") if r["rank"] == 1)  # two files

@@ -255,6 +255,12 @@ def test_last_arrivals_name_a_rank_only_beyond_chance() -> None:
     assert why.startswith("rank 1 arrived last at 52 of 100 collectives, which chance gives")
     job = job_analysis(run, ranks, _cross({0: 20, 1: 80}))
     assert job.slowest_rank == 1 and job.slowest_rank_basis.startswith("last to arrive")
+    # the calls of one step share their latecomer: 80 of 100 calls over 3 traced steps is
+    # about 2 of 3 draws, which a coin gives often
+    clustered = {**_cross({0: 20, 1: 80}), "ranks": [{"steps": [{}, {}, {}]}] * 2}
+    job = job_analysis(run, ranks, clustered)
+    assert job.slowest_rank is None
+    assert "80 of 100 collectives over 3 traced steps" in job.not_applicable["slowest_rank"]
 
 
 def test_identical_batches_detected_across_ranks() -> None:

@@ -110,3 +110,21 @@ def table_cells_for(rows_: list) -> list[list[str]]:  # type: ignore[type-arg]
     from mgprof.analyze.compare.scaling import Comparison
 
     return table_cells(Comparison(rows=rows_))
+
+
+def test_a_verdict_without_a_single_row_claims_no_speedup() -> None:
+    """dp vs ddp alone: the winner has no single-device baseline, so no speedup, and it is not
+    told that more devices did not pay off."""
+    from mgprof.analyze.run.analysis import analyze_run
+
+    fast = _run("ddp", 2, [10.0, 9.9, 10.1, 10.0, 9.8, 10.2], 8)
+    slow = _run("dp", 2, [20.0, 19.8, 20.3, 20.1, 19.9, 20.2], 8)
+    rows_ = [
+        build_row(name, run, dict(analyze_run(run, None)), name[0], 8, ab_asked=False)
+        for name, run in (("ddp", fast), ("dp", slow))
+    ]
+    intervals = add_speedups(rows_)
+    text = verdict(rows_, False, "weak", intervals=intervals)
+    assert text.startswith("best: ddp (") and "no single-device baseline, so no speedup" in text
+    assert "did not pay off" not in text
+    assert all(r.speedup is None for r in rows_)

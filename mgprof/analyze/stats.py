@@ -88,14 +88,35 @@ def spread_pct(values: Sequence[float]) -> float | None:
     return 100.0 * (max(values) - low) / low
 
 
-Z_95 = 1.959963984540054
-"""Two-sided 95 % quantile of the standard normal distribution."""
+def t_quantile(q: float, df: float) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom: exact for df <= 2
+    (closed forms; fractional df rounded down, which widens), else the Cornish-Fisher
+    expansion around the normal quantile (within 1 % of the exact value from df = 3). The
+    standard library has no t distribution."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(q)
+    if not math.isfinite(df) or df > 1e6:
+        return z
+    if df < 2:
+        return math.tan(math.pi * (q - 0.5))
+    if df < 3:
+        return (2 * q - 1) / math.sqrt(2 * q * (1 - q))
+    d = df
+    return (
+        z
+        + (z**3 + z) / (4 * d)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * d**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * d**3)
+    )
 
 
-def mean_difference_halfwidth(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Half-width of the 95 % interval of mean(a) - mean(b) for independent samples (Welch's
-    standard error, normal quantile); None with fewer than two values on a side. A difference
-    of means inside it is within the samples' own noise."""
+def mean_difference_halfwidth(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95
+) -> float | None:
+    """Half-width of the ``confidence`` interval of mean(a) - mean(b) for independent samples
+    (Welch: its standard error and its degrees of freedom, Student's t); None with fewer than
+    two values on a side. A difference of means inside it is within the samples' own noise."""
     if len(a) < 2 or len(b) < 2:
         return None
 
@@ -103,7 +124,12 @@ def mean_difference_halfwidth(a: Sequence[float], b: Sequence[float]) -> float |
         m = sum(x) / len(x)
         return sum((v - m) ** 2 for v in x) / (len(x) - 1)
 
-    return Z_95 * math.sqrt(var(a) / len(a) + var(b) / len(b))
+    va, vb = var(a) / len(a), var(b) / len(b)
+    se2 = va + vb
+    if se2 <= 0.0:
+        return 0.0
+    df = se2**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return t_quantile(1.0 - (1.0 - confidence) / 2.0, df) * math.sqrt(se2)
 
 
 def binomial_upper_tail(k: int, n: int, p: float) -> float:

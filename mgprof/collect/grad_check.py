@@ -27,6 +27,9 @@ EVERY = 64
 MAX_CHECKS = 64
 """Norms kept per process: bounded whatever the run's length."""
 
+_REDUCED = (torch.float16, torch.bfloat16, torch.float32)
+"""Gradient dtypes whose norms are taken in fp32 (float64 and complex keep their own)."""
+
 _pending: list[tuple[int, list[torch.Tensor] | None]] = []
 """(update index of the optimizer, per-device squared norms; None when no parameter it holds
 had a gradient)."""
@@ -40,6 +43,7 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else grad
 
 
+@torch.compiler.disable  # traced, its counter would make a compiled step recompile every step
 def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     try:
         key = id(optimizer)
@@ -47,7 +51,7 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         _updates[key] = n + 1
         if not (n < FIRST or n % EVERY == 0) or len(_pending) >= MAX_CHECKS:
             return
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 grad = getattr(p, "grad", None)
@@ -56,15 +60,16 @@ def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
                 grad = _local(grad.detach())
                 if grad.is_sparse:
                     grad = grad.coalesce().values()
-                by_device.setdefault(grad.device, []).append(grad)
-        if not by_device:
+                by_kind.setdefault((grad.device, grad.dtype), []).append(grad)
+        if not by_kind:
             _pending.append((n, None))
             return
         squares = []
         with torch.no_grad():
-            for grads in by_device.values():
-                norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-                squares.append(torch.stack(norms).square().sum())
+            for (_, dtype), grads in by_kind.items():
+                as_fp32 = torch.float32 if dtype in _REDUCED else None
+                norms = torch._foreach_norm(grads, 2, dtype=as_fp32)
+                squares.append(torch.stack(norms).abs().double().square().sum())
         _pending.append((n, squares))
     except Exception as exc:  # fail open: the update runs, unchecked
         report("gradient check", exc)
@@ -87,12 +92,14 @@ def uninstall() -> None:
         _handle = None
 
 
-def read() -> tuple[list[int], list[float | None]]:
-    """The checked updates and the total gradient norm at each (None: no gradient at all).
+def read() -> tuple[list[int], list[float | None], list[int]]:
+    """The checked updates, the total gradient norm at each (None: no gradient at all, or not
+    finite) and the positions whose norm was not finite (NaN or inf gradients: not zero).
 
     Called when the rank's record is made: the one place the device tensors are read."""
     updates: list[int] = []
     norms: list[float | None] = []
+    nonfinite: list[int] = []
     try:
         for index, squares in _pending:
             updates.append(index)
@@ -100,8 +107,12 @@ def read() -> tuple[list[int], list[float | None]]:
                 norms.append(None)
                 continue
             total = sum(float(s.item()) for s in squares)
-            norms.append(math.sqrt(total) if math.isfinite(total) else total)
+            if math.isfinite(total):
+                norms.append(math.sqrt(total))
+            else:
+                nonfinite.append(len(norms))
+                norms.append(None)
     except Exception as exc:
         report("gradient check", exc)
-        return [], []
-    return updates, norms
+        return [], [], []
+    return updates, norms, nonfinite

@@ -12,6 +12,7 @@ or last and swallows its own errors, so the script's behaviour is unchanged.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import time
 import weakref
@@ -60,9 +61,10 @@ def training_facts() -> TrainingFacts:
     if fsdp_watch.forwards() or fsdp_watch.settings() is not None:
         facts["fsdp_forwards"] = fsdp_watch.forwards()
         facts["fsdp"] = fsdp_watch.settings()
-    updates, norms = grad_check.read()
+    updates, norms, nonfinite = grad_check.read()
     if updates:
         facts["grad_check_updates"], facts["grad_norms"] = updates, norms
+        facts["grad_nonfinite"] = nonfinite
     return TrainingFacts(**facts)
 
 
@@ -207,15 +209,22 @@ def _all_reduce(*args: Any, **kwargs: Any) -> Any:
     return _originals["all_reduce"](*args, **kwargs)
 
 
-def _fully_shard(*args: Any, **kwargs: Any) -> Any:
-    """FSDP2's ``fully_shard``, then the unit watched (``fsdp_watch``)."""
-    out = _originals["fully_shard"](*args, **kwargs)
-    try:
-        for module in out if isinstance(out, (list, tuple)) else [out]:
-            fsdp_watch.watch(module)
-    except Exception as exc:
-        _report("FSDP hook", exc)
-    return out
+def _watching(original: Callable[..., Any]) -> Callable[..., Any]:
+    """FSDP2's ``fully_shard``, then the unit watched (``fsdp_watch``). The original is kept in
+    the closure (a script that imported the patched name keeps a working function after the
+    hooks are removed) and its attributes are copied (``fully_shard.state`` is torch's API)."""
+
+    @functools.wraps(original)
+    def fully_shard(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        try:
+            for module in out if isinstance(out, (list, tuple)) else [out]:
+                fsdp_watch.watch(module)
+        except Exception as exc:
+            _report("FSDP hook", exc)
+        return out
+
+    return fully_shard
 
 
 def _fsdp1_init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -226,37 +235,47 @@ def _fsdp1_init(self: Any, *args: Any, **kwargs: Any) -> None:
         _report("FSDP hook", exc)
 
 
+_FULLY_SHARD_HOMES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
+"""Where scripts import ``fully_shard`` from (the second before torch 2.6)."""
+
+
 def _patch_fsdp() -> None:
-    """``fully_shard`` where scripts import it from, and FSDP1's constructor."""
+    """``fully_shard`` where scripts import it from, and FSDP1's constructor, each on its own
+    (torch 2.3-2.5 have FSDP1 but no public ``fully_shard``)."""
+    import importlib
+
+    for home in _FULLY_SHARD_HOMES:
+        try:
+            module = importlib.import_module(home)
+        except ImportError:
+            continue
+        original = getattr(module, "fully_shard", None)
+        if original is None or getattr(original, "_mgprof_watching", False):
+            continue
+        _originals[f"fully_shard:{home}"] = original
+        patched = _watching(original)
+        patched._mgprof_watching = True  # type: ignore[attr-defined]
+        setattr(module, "fully_shard", patched)  # noqa: B010 (a module found by name)
     try:
-        import torch.distributed.fsdp as fsdp
+        from torch.distributed.fsdp import FullyShardedDataParallel
     except ImportError:
         return
-    _originals["fully_shard"] = fsdp.fully_shard
-    _originals["fsdp1_init"] = fsdp.FullyShardedDataParallel.__init__
-    fsdp.fully_shard = _fully_shard
-    fsdp.FullyShardedDataParallel.__init__ = _fsdp1_init  # type: ignore[method-assign]
-    try:
-        import torch.distributed._composable.fsdp as composable
-
-        composable.fully_shard = _fully_shard  # type: ignore[assignment]
-    except ImportError:
-        pass
+    _originals["fsdp1_init"] = FullyShardedDataParallel.__init__
+    FullyShardedDataParallel.__init__ = _fsdp1_init  # type: ignore[method-assign]
 
 
 def _unpatch_fsdp() -> None:
-    if "fully_shard" not in _originals:
-        return
-    import torch.distributed.fsdp as fsdp
+    import importlib
 
-    fsdp.fully_shard = _originals.pop("fully_shard")
-    fsdp.FullyShardedDataParallel.__init__ = _originals.pop("fsdp1_init")  # type: ignore[method-assign]
-    try:
-        import torch.distributed._composable.fsdp as composable
+    for home in _FULLY_SHARD_HOMES:
+        original = _originals.pop(f"fully_shard:{home}", None)
+        if original is not None:
+            setattr(importlib.import_module(home), "fully_shard", original)  # noqa: B010
+    init = _originals.pop("fsdp1_init", None)
+    if init is not None:
+        from torch.distributed.fsdp import FullyShardedDataParallel
 
-        composable.fully_shard = fsdp.fully_shard  # type: ignore[assignment]
-    except ImportError:
-        pass
+        FullyShardedDataParallel.__init__ = init  # type: ignore[method-assign]
 
 
 def _destroy_process_group(*args: Any, **kwargs: Any) -> Any:

@@ -1,5 +1,6 @@
 """A plain FSDP2 script, as the PyTorch FSDP2 tutorial writes it: ``fully_shard`` on each block and
-on the root, AdamW, torchrun's environment (gloo on CPU, NCCL on GPUs)."""
+on the root, AdamW, torchrun's environment (gloo on CPU, NCCL on GPUs); ``--checkpoint`` wraps
+each block in activation checkpointing (its forward runs again in backward)."""
 
 import argparse
 import os
@@ -8,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from torch.utils.checkpoint import checkpoint
 
 
 class Block(nn.Module):
@@ -26,11 +28,13 @@ class Net(nn.Module):
         self.inp = nn.Linear(32, dim)
         self.layers = nn.ModuleList(Block(dim) for _ in range(depth))
         self.out = nn.Linear(dim, 1)
+        self.checkpoint = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inp(x)
         for layer in self.layers:
-            h = layer(h)
+            # with checkpointing the block runs again in backward, as HF gradient checkpointing
+            h = checkpoint(layer, h, use_reentrant=False) if self.checkpoint else layer(h)
         return self.out(h)
 
 
@@ -39,6 +43,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -47,6 +52,7 @@ def main() -> None:
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     model = Net(args.dim, args.depth).to(device or "cpu")
+    model.checkpoint = args.checkpoint
     for layer in model.layers:
         fully_shard(layer)
     fully_shard(model)

@@ -564,7 +564,7 @@ def verdict(
                 f"{k} ({1.0 / i.ratio:.2f}x {name})" for k, i in behind.items()
             )
         text += f" ({scale})"
-    elif best.strategy == "single" or best.speedup is None:
+    elif best.strategy == "single":
         text = f"best: {name} ({best.samples_per_s:.1f} samples/s)"
         if others:
             reached = []
@@ -575,6 +575,11 @@ def verdict(
                 )
             worst = ", ".join(reached)
             text += f": {worst} ({scale}), so more devices did not pay off"
+    elif best.speedup is None:  # no single-device row to measure a speedup against
+        faster = ", ".join(f"{_x(i)} {k}'s" for k, i in behind.items())
+        text = f"best: {name} ({best.samples_per_s:.1f} samples/s"
+        text += f"; {faster} throughput" if faster else ""
+        text += f"; no single-device baseline, so no speedup; {scale})"
     else:
         interval = (
             f" (95 % interval {best.speedup_low:.2f}–{best.speedup_high:.2f}x)"

@@ -167,8 +167,17 @@ def trace_buckets(summary: Mapping[str, Any]) -> dict[str, float]:
         span = max(span or 0.0, window)
         sums["compute"] += num(t.get("compute_us")) or 0.0
         sums["exposed"] += num(t.get("exposed_comm_us")) or 0.0
-        sums["memcpy"] += num(t.get("memcpy_us")) or 0.0
-        sums["idle"] += num(t.get("idle_us")) or 0.0
+        idle_us = num(t.get("idle_us")) or 0.0
+        # device work outside compute and communication: copies that overlap a kernel are
+        # already in the kernel's time (busy = |compute ∪ comm ∪ copies| = window - idle)
+        sums["memcpy"] += max(
+            0.0,
+            window
+            - idle_us
+            - (num(t.get("compute_us")) or 0.0)
+            - (num(t.get("exposed_comm_us")) or 0.0),
+        )
+        sums["idle"] += idle_us
         sums["before"] += span - window
         sums["loading"] += num(t.get("dataloader_us")) or 0.0
     ms = {k: v / 1000.0 / n for k, v in sums.items()}

@@ -28,8 +28,8 @@ def _checks(run: RunRecord) -> dict[int, list[float | None]]:
 def zero_gradients(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """Every checked update on every rank applied gradients that were exactly 0 (or none)."""
     checks = _checks(run)
-    if not checks:
-        return None
+    if not checks or any(r.training.grad_nonfinite for r in run.ranks):
+        return None  # NaN or inf gradients are a problem of their own, not zero ones
     norms = [n for values in checks.values() for n in values]
     if any(n is not None and n != 0.0 for n in norms):
         return None

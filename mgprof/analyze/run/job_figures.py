@@ -105,7 +105,8 @@ def _job_dataloader(run: RunRecord, job: JobAnalysis) -> None:
 
 
 CHANCE_P = 0.05
-"""A rank is called slowest only when chance would give its lead less than 1 time in 20."""
+"""A rank is called slowest only when chance would give its lead less than 1 time in 20 (over
+every rank or pair of ranks it could have been)."""
 
 
 def _job_slowest(
@@ -119,11 +120,13 @@ def _job_slowest(
     collectives, the rank with the highest mean steady-state step time (ranks of a DDP job step
     in lock-step, so their mean step times differ by noise and rank order flips between runs).
 
-    Either basis names a rank only beyond the run's own noise: the last arrivals when chance
-    (every rank equally likely to arrive last) would give that rank's count less than 1 time in
-    20, the step times when the slowest and fastest means differ by more than the 95 % interval
-    of a difference of means. Otherwise no rank is named, with the figures that say why (a
-    "slowest rank 1" at 14.28 ms beside rank 0 at 14.31 ms named noise)."""
+    Either basis names a rank only beyond the run's own noise. The last arrivals: when chance
+    (every rank equally likely to arrive last) would give that rank's count less than 1 time
+    in 20 over the ranks; the calls of one step share their latecomer, so the count is judged
+    as if each traced step were one draw (k of n calls over S steps counts as k·S/n of S). The
+    step times: when the slowest and fastest means differ by more than their interval (Welch,
+    Student's t, 95 % over every pair of ranks). Otherwise no rank is named, with the figures
+    that say why (a "slowest rank 1" at 14.28 ms beside rank 0 at 14.31 ms named noise)."""
     timed = [(r.step_time_ms.mean, r.rank) for r in ranks if r.step_time_ms is not None]
     if len(timed) < 2:
         why = "fewer than two ranks with step times: nothing to compare"
@@ -171,20 +174,36 @@ def _last_arrivals_beyond_chance(
     if last not in counts or len(counts) < 2:
         return last, None  # an older summary without the counts: taken as it was
     k, n = counts[last], sum(counts.values())
-    p = min(1.0, len(counts) * binomial_upper_tail(k, n, 1.0 / len(counts)))
+    steps = _traced_steps(trace_job)
+    draws = min(n, steps) if steps else n
+    wins = round(k * draws / n) if n else 0
+    p = min(1.0, len(counts) * binomial_upper_tail(wins, draws, 1.0 / len(counts)))
     if p <= CHANCE_P:
         return last, None
+    over = f" over {draws} traced steps" if draws < n else ""
     return None, (
-        f"rank {last} arrived last at {k} of {n} collectives, which chance gives "
+        f"rank {last} arrived last at {k} of {n} collectives{over}, which chance gives "
         f"{p:.0%} of the time"
     )
+
+
+def _traced_steps(trace_job: Mapping[str, Any] | None) -> int | None:
+    """The fewest traced steps any rank's traces hold (the draws the last arrivals rest on)."""
+    counts = [
+        len(r["steps"])
+        for r in (trace_job or {}).get("ranks") or []
+        if isinstance(r, Mapping) and isinstance(r.get("steps"), list) and r["steps"]
+    ]
+    return min(counts) if counts else None
 
 
 def _step_times_within_noise(run: RunRecord, timed: Sequence[tuple[float, int]]) -> str | None:
     """Why the ranks' mean step times do not single out a slowest rank, or None when they do."""
     (slow_ms, slow), (fast_ms, fast) = max(timed), min(timed)
     steps = {rec.rank: [s.duration_ms for s in steady_state_steps(rec.steps)] for rec in run.ranks}
-    half = mean_difference_halfwidth(steps.get(slow, []), steps.get(fast, []))
+    pairs = len(timed) * (len(timed) - 1) // 2  # the extremes are picked from every pair
+    confidence = 1.0 - CHANCE_P / max(1, pairs)
+    half = mean_difference_halfwidth(steps.get(slow, []), steps.get(fast, []), confidence)
     gap = slow_ms - fast_ms
     if half is None:
         return (
@@ -195,7 +214,8 @@ def _step_times_within_noise(run: RunRecord, timed: Sequence[tuple[float, int]])
         return None
     return (
         f"rank {slow} {slow_ms:,.2f} ms vs rank {fast} {fast_ms:,.2f} ms mean step: a "
-        f"{gap:,.2f} ms gap within the steps' own noise (95 % ±{half:,.2f} ms)"
+        f"{gap:,.2f} ms gap within the steps' own noise (±{half:,.2f} ms, "
+        f"{100 * confidence:.4g} %)"
     )
 
 

@@ -74,8 +74,9 @@ DEFINITIONS: dict[str, str] = {
     "highest mean steady-state step time; slowest_rank_basis says which (mgprof trace uses the "
     "same definition, collectives only). Named only beyond the run's own noise: its count of "
     "last arrivals must be one that chance (every rank equally likely last) gives less than 5 % "
-    "of the time, or its mean step must exceed the fastest rank's by more than the 95 % interval "
-    "of a difference of means; otherwise n/a with the figures",
+    "of the time over the ranks, each traced step counted as one draw, or its mean step must "
+    "exceed the fastest rank's by more than their interval (Welch, Student's t, 95 % over every "
+    "pair of ranks); otherwise n/a with the figures",
     "fastest_rank": (
         "the rank with the lowest mean steady-state step time among the ranks other than the "
         "slowest; n/a when that is longer than the slowest rank's (collectives and step times "

@@ -32,13 +32,28 @@ _forwards = 0
 
 
 def fsdp_classes() -> tuple[type, ...]:
-    """FSDP2's ``FSDPModule`` and FSDP1's ``FullyShardedDataParallel`` (none in a torch built
-    without distributed)."""
+    """FSDP2's ``FSDPModule`` (public from torch 2.6; ``torch.distributed._composable.fsdp``
+    before) and FSDP1's ``FullyShardedDataParallel``; either may be missing (a torch built
+    without distributed has neither)."""
+    found: list[type] = []
     try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+        from torch.distributed.fsdp import FSDPModule
+
+        found.append(FSDPModule)
     except ImportError:
-        return ()
-    return (FSDPModule, FullyShardedDataParallel)
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule
+
+            found.append(FSDPModule)
+        except ImportError:
+            pass
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        found.append(FullyShardedDataParallel)
+    except ImportError:
+        pass
+    return tuple(found)
 
 
 def is_fsdp(module: Any) -> bool:
@@ -55,18 +70,40 @@ def watch(module: Any) -> None:
     module.register_forward_hook(_post_forward, always_call=True)
 
 
+def _in_backward() -> bool:
+    """Inside the autograd engine: a forward run there is activation checkpointing recomputing
+    a block, not a step of its own."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
+def _not_root(module: Any) -> bool:
+    """FSDP knows its root once it has run (FSDP2's state ``_is_root``, FSDP1's ``_is_root``):
+    a unit that is not one is part of another model's step."""
+    try:
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else module
+        return getattr(state, "_is_root", None) is False
+    except Exception:
+        return False
+
+
+@torch.compiler.disable
 def _pre_forward(module: Any, args: Any, kwargs: Any) -> None:
     global _depth, _forwards
     try:
         outermost = _depth == 0
         _depth += 1
-        if outermost and module.training and torch.is_grad_enabled():
-            _forwards += 1
-            forward_samples.add(args, kwargs)
+        if not outermost or not module.training or not torch.is_grad_enabled():
+            return
+        if _in_backward() or _not_root(module):
+            return
+        _forwards += 1
+        forward_samples.add(args, kwargs)
     except Exception as exc:  # fail open: the forward runs, uncounted
         report("FSDP hook", exc)
 
 
+@torch.compiler.disable
 def _post_forward(module: Any, args: Any, output: Any) -> None:
     global _depth
     _depth = max(0, _depth - 1)

@@ -320,7 +320,7 @@ def _wait_fig(cross: CrossRankSummary | None) -> dict[str, Any] | None:
         return None
     transfer = sum(float(t.transfer_us) for t in cross.per_type)
     slowest = cross.slowest_rank
-    xs = [f"rank {p.rank}" + (" (slowest)" if p.rank == slowest else "") for p in per_rank]
+    xs = [f"rank {p.rank}" + (" (last to arrive)" if p.rank == slowest else "") for p in per_rank]
     data = [
         {"type": "bar", "name": "transfer", "x": xs, "y": [rounded(transfer / 1e3)] * len(xs),
          "marker": {"color": "#1565c0"}},
@@ -335,12 +335,17 @@ def _wait_fig(cross: CrossRankSummary | None) -> dict[str, Any] | None:
 
 
 def _slowest_html(ctx: Context) -> str:
+    """The run's slowest rank as its analysis decided it (beyond the run's noise, or none,
+    with why); a folder of traces without a run: the traces' last-arriving rank."""
     cross = ctx.cross_rank()
     job = ctx.job()
-    if cross is not None:
-        slowest = cross.slowest_rank
+    if job is not None and (job.slowest_rank is not None or cross is None):
+        slowest = job.slowest_rank
+    elif job is not None:
+        why = job.not_applicable.get("slowest_rank")
+        return f'<p class="callout">{esc(f"No slowest rank: {why}")}.</p>' if why else ""
     else:
-        slowest = job.slowest_rank if job is not None else None
+        slowest = cross.slowest_rank if cross is not None else None
     if slowest is None:
         return ""
     per_rank = cross.per_rank if cross is not None else []
