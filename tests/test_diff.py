@@ -205,7 +205,7 @@ def test_a_sleep_in_an_unmodified_loop_is_host_time_and_the_parts_add_up(tmp_pat
     script = ROOT / "tests" / "scripts" / "sleepy_loop.py"
     jobs = [
         (
-            python_args("-m", "mgprof", "analyze", script, "--gpus", "2", "--quiet",
+            python_args("-m", "mgprof", "analyze", script, "--gpus", "1", "--quiet",
                         "--trace-steps", "6", "--out", tmp_path / name, "--", *extra),
             tmp_path,
             clean_env(),

@@ -160,6 +160,12 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Result
             "compare",
             str(SCRIPTS / script),
             *flags,
+            # one round and one traced step: these tests read precision, not the intervals
+            # (tests/test_verdicts.py does), and a second round would double the launches
+            "--rounds",
+            "1",
+            "--trace-steps",
+            "1",
             "--nosync-steps",
             "0",
             "--format",

@@ -177,6 +177,7 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Result
         roots[name] = root
         args = mgprof(
             "compare", str(SCRIPTS / script), "--gpus", "2", "--steps", "4", "--warmup", "1",
+            "--rounds", "1", "--trace-steps", "1",  # the rows' truth here, not their intervals
             "--nosync-steps", "2", "--format", "json", "--quiet", "--out", str(root), *flags,
         )  # fmt: skip
         jobs.append((args, root, clean_env()))
