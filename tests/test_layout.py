@@ -21,10 +21,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "mgprof"
 
 SHARED = {"records", "errors", "atomic", "rundir", "safe_read", "parent_death"}
-# layer -> the layers (and shared modules) its modules may import
-S = {"shared"}
+# layer -> the layers (and the common modules at the root) its modules may import
+S = {"common"}
 ALLOWED: dict[str, set[str]] = {
-    "shared": S,
+    "common": S,
     "analyze": S | {"analyze"},
     "report": S | {"analyze", "report"},
     "view": S | {"view"},
@@ -51,7 +51,7 @@ def _layer(module: str) -> str:
         return "package"
     head = parts[1]
     if head in SHARED:
-        return "shared"
+        return "common"
     if head == "__main__":
         return "main"
     return head

@@ -34,7 +34,9 @@ def _escapes(text: str, rel: Path) -> list[str]:
     for node in ast.walk(tree):
         line = f"{rel}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if "shared/fixtures" in node.value or node.value.startswith("../shared"):
+            # test data in a folder beside the checkout, whatever its name ('../x/fixtures/...')
+            beside = node.value.startswith("../")
+            if beside and any(f"/{d}" in node.value for d in ("fixtures", "traces", "data")):
                 found.append(f"{line}: {node.value!r}")
         elif isinstance(node, ast.Attribute) and node.attr == "parent":
             base = node.value
@@ -69,9 +71,9 @@ def test_no_test_or_benchmark_reads_outside_the_repository() -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        'FIXTURES = ROOT.parent / "shared" / "fixtures" / "traces"\n',
+        'FIXTURES = ROOT.parent / "beside" / "fixtures" / "traces"\n',
         'T = Path(__file__).parents[1].parent / "x"\n',
-        'T = Path(__file__).resolve().parents[1] / "../shared/fixtures/traces/a"\n',
+        'T = Path(__file__).resolve().parents[1] / "../beside/fixtures/traces/a"\n',
         'T = Path("../elsewhere/trace.json")\n',
     ],
 )

@@ -217,9 +217,9 @@ def test_default_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     c = default_cache()
     assert c is not None and c.folder == tmp_path / "xdg" / "mgprof" / "trace-summaries"
-    monkeypatch.setenv("MGPROF_CACHE_DIR", str(tmp_path / "shared"))
+    monkeypatch.setenv("MGPROF_CACHE_DIR", str(tmp_path / "team-cache"))
     c = default_cache()
-    assert c is not None and c.folder == tmp_path / "shared" and not c.private
+    assert c is not None and c.folder == tmp_path / "team-cache" and not c.private
     monkeypatch.setenv("MGPROF_NO_CACHE", "1")
     assert default_cache() is None
     monkeypatch.setenv("MGPROF_NO_CACHE", "0")
