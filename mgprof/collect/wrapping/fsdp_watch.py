@@ -6,9 +6,11 @@ reduce-scatter in backward, not by DDP's all-reduce, so a rank whose model FSDP 
 DDP forward, and its run read as "independent replicas". Every FSDP module the script makes
 (``fully_shard`` and FSDP1's constructor are watched from the start of the run; modules made
 before a script's own session started are found once by a walk over live objects) gets a
-forward pre-hook and a forward hook: a forward of the outermost FSDP module with gradients on
-counts as one sharded, gradient-synchronising forward, and its inputs give the samples the
-step trained (FSDP swaps module classes itself, so auto-wrap's route cannot observe them).
+forward pre-hook and a forward hook, kept on roots only: once FSDP has marked a unit as not a
+root its hooks are removed, so nested units cost nothing per call. A forward of the outermost
+FSDP module with gradients on, outside backward, counts as one sharded, gradient-synchronising
+forward, and its inputs give the samples the step trained (FSDP swaps module classes itself,
+so auto-wrap's route cannot observe them).
 Reading only: the hooks change nothing the script computes.
 """
 
@@ -26,6 +28,8 @@ from mgprof.collect.failopen import report
 from mgprof.records import FsdpRecord
 
 _watched: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+_handles: weakref.WeakKeyDictionary[nn.Module, list[Any]] = weakref.WeakKeyDictionary()
+"""Each watched unit's two hook handles, removed once FSDP says the unit is not a root."""
 _depth = 0
 """FSDP forwards under way: the outermost one is the step's (nested units are parts of it)."""
 _forwards = 0
@@ -66,8 +70,10 @@ def watch(module: Any) -> None:
     if not is_fsdp(module) or module in _watched:
         return
     _watched.add(module)
-    module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
-    module.register_forward_hook(_post_forward, always_call=True)
+    _handles[module] = [
+        module.register_forward_pre_hook(_pre_forward, with_kwargs=True),
+        module.register_forward_hook(_post_forward, always_call=True),
+    ]
 
 
 def _in_backward() -> bool:
@@ -91,11 +97,15 @@ def _not_root(module: Any) -> bool:
 def _pre_forward(module: Any, args: Any, kwargs: Any) -> None:
     global _depth, _forwards
     try:
+        if _not_root(module):  # a unit inside the root's forward: unhooked, nothing to count
+            for handle in _handles.pop(module, []):
+                handle.remove()  # its forward hook too, so the depth is not touched
+            return
         outermost = _depth == 0
         _depth += 1
         if not outermost or not module.training or not torch.is_grad_enabled():
             return
-        if _in_backward() or _not_root(module):
+        if _in_backward():
             return
         _forwards += 1
         forward_samples.add(args, kwargs)
