@@ -167,6 +167,8 @@ class TrainingFacts(Struct):
     gradients in the backward that follows); None when the script uses no FSDP."""
     fsdp: FsdpRecord | None = None
     """The script's FSDP units and settings (None: no FSDP)."""
+    model_state: ModelStateRecord | None = None
+    """Parameters, gradients and optimizer state on this rank after the first update."""
     grad_check_updates: list[int] | None = None
     """Optimizer updates (0-based, per optimizer) whose gradients were checked
     (``mgprof.collect.grad_check``: the first few, then one in 64)."""
@@ -180,8 +182,9 @@ class TrainingFacts(Struct):
 class AutoWrapRecord(Struct):
     """The model mgprof wrapped for a script that did not wrap it itself, or why it did not."""
 
-    wrapper: Literal["ddp", "dp"] | None = None
-    """What the trained module was routed through; None when nothing was wrapped."""
+    wrapper: Literal["ddp", "dp", "fsdp"] | None = None
+    """What the trained module was routed through (``fsdp``: sharded in place by
+    ``fully_shard``); None when nothing was wrapped."""
     module_class: str | None = None
     parameters: int | None = None
     """Trainable parameters (elements) of the wrapped module."""
@@ -192,6 +195,22 @@ class AutoWrapRecord(Struct):
     """True when mgprof initialised the process group (the script had none)."""
     reason: str | None = None
     """Why nothing was wrapped (the script wraps itself, no optimizer, ...)."""
+    optimizer_params_repointed: int | None = None
+    """``fsdp``: optimizer parameter entries pointed at FSDP's sharded parameters."""
+
+
+class ModelStateRecord(Struct):
+    """The trained model's state on one rank after its first update
+    (``mgprof.collect.model_state``): the tensors the optimizer holds, this rank's share only."""
+
+    parameters_mib: float
+    gradients_mib: float
+    optimizer_mib: float
+    """Optimizer state tensors (Adam's two moments: twice the parameters)."""
+    parameters: int
+    """Parameter elements of the whole model (a shard counts as its full tensor)."""
+    sharded: bool = False
+    """True when the parameters are DTensor shards (FSDP2): the sizes are this rank's part."""
 
 
 class FsdpRecord(Struct):

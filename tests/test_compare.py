@@ -40,12 +40,24 @@ from mgprof.report.compare_view import (
 
 def test_weak_scaling_keeps_the_per_device_batch() -> None:
     plan = trial_batches("weak", 8, 4)
-    assert plan == {"single": (8, 8), "ddp": (8, 8), "dp": (32, 8)}
+    assert plan == {
+        "single": (8, 8),
+        "ddp": (8, 8),
+        "dp": (32, 8),
+        "fsdp": (8, 8),
+        "fsdp-noreshard": (8, 8),
+    }
 
 
 def test_global_batch_is_divided_over_ddp_ranks() -> None:
     plan = trial_batches("strong", 8, 4)
-    assert plan == {"single": (8, 8), "ddp": (2, 2), "dp": (8, 2)}
+    assert plan == {
+        "single": (8, 8),
+        "ddp": (2, 2),
+        "dp": (8, 2),
+        "fsdp": (2, 2),
+        "fsdp-noreshard": (2, 2),
+    }
     with pytest.raises(ValueError, match="does not divide"):
         trial_batches("strong", 9, 4)
 

@@ -24,7 +24,7 @@ from torch.nn import DataParallel
 from torch.utils.data import DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from mgprof.collect import grad_check
+from mgprof.collect import grad_check, model_state
 from mgprof.collect.failopen import report as _report
 from mgprof.collect.wrapping import fsdp_watch
 from mgprof.records import TrainingFacts
@@ -61,6 +61,7 @@ def training_facts() -> TrainingFacts:
     if fsdp_watch.forwards() or fsdp_watch.settings() is not None:
         facts["fsdp_forwards"] = fsdp_watch.forwards()
         facts["fsdp"] = fsdp_watch.settings()
+    facts["model_state"] = model_state.read()
     updates, norms, nonfinite = grad_check.read()
     if updates:
         facts["grad_check_updates"], facts["grad_norms"] = updates, norms
@@ -362,6 +363,7 @@ def install(session: Observer | None) -> None:
 
     try:
         grad_check.install()
+        model_state.install()
     except Exception as exc:
         _report("gradient check", exc)
     _originals["next"] = _BaseDataLoaderIter.__next__
@@ -398,6 +400,7 @@ def uninstall(session: Observer) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     grad_check.uninstall()
+    model_state.uninstall()
     _BaseDataLoaderIter.__next__ = _originals.pop("next")  # type: ignore[method-assign]
     DistributedSampler.set_epoch = _originals.pop("set_epoch")  # type: ignore[method-assign]
     torch.autocast.__enter__ = _originals.pop("autocast_enter")  # type: ignore[method-assign]

@@ -100,16 +100,18 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "analyze",
         usage="mgprof analyze SCRIPT --gpus N [options] [-- SCRIPT_ARGS]",
-        help="run a training script under mgprof (single, DataParallel or DDP) and report",
+        help="run a training script under mgprof (single, DataParallel, DDP or FSDP) and report",
         description="Run SCRIPT under mgprof with N GPUs (N CPU ranks over gloo without CUDA), "
         "trace a few steps, sample the devices, and print the report.",
     )
     add_launch_arguments(p)
     p.add_argument(
         "--strategy",
-        choices=["single", "dp", "ddp"],
+        choices=["single", "dp", "ddp", "fsdp", "fsdp-noreshard"],
         default=None,
-        help="default: ddp when --gpus > 1, else single",
+        help="default: ddp when --gpus > 1, else single; fsdp shards the script's model with "
+        "fully_shard per repeated block and on the root (fsdp-noreshard: "
+        "reshard_after_forward=False)",
     )
     p.add_argument(
         "--format",

@@ -14,10 +14,10 @@ from mgprof.errors import UsageError
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "compare",
-        usage="mgprof compare SCRIPT --gpus N [--strategies single,dp,ddp] [--steps K] "
+        usage="mgprof compare SCRIPT --gpus N [--strategies single,dp,ddp,fsdp] [--steps K] "
         "[--rounds R] [--batch-size B [--global-batch]] [--precision fp32,bf16] [--out DIR] "
         "[-- SCRIPT_ARGS]",
-        help="run a script as single device, DataParallel and DDP and compare them",
+        help="run a script as single device, DataParallel, DDP (and FSDP) and compare them",
         description="Run SCRIPT, unmodified, under each strategy with the same warm-up, "
         "measured steps and CPU threads per process, in interleaved rounds, and print step "
         "time, speedup with its 95 % interval, scaling efficiency, communication share and "
@@ -29,7 +29,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--strategies",
         default="single,dp,ddp",
-        help="comma-separated subset of single,dp,ddp (default: all three)",
+        help="comma-separated subset of single,dp,ddp,fsdp,fsdp-noreshard (default: "
+        "single,dp,ddp); the fsdp rows shard the script's model with fully_shard and add "
+        "memory per rank to the choice",
     )
     p.add_argument(
         "--batch-size",

@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
     add_launch_arguments(p)
     p.set_defaults(steps=8)  # 3 traced + 1 writing the trace: 4 untraced steps measure it
     p.add_argument(
-        "--strategy", choices=["single", "dp", "ddp"], default=None,
+        "--strategy", choices=["single", "dp", "ddp", "fsdp", "fsdp-noreshard"], default=None,
         help="default: ddp when --gpus > 1, else single",
     )  # fmt: skip
     p.add_argument("--batch-sizes", metavar="B1,B2,...", help="try exactly these sizes")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from mgprof.analyze.compare.scaling import Comparison, Row, encode_comparison
+from mgprof.analyze.compare.scaling import Comparison, Row, encode_comparison, state_mib
 from mgprof.report.safe_text import json_text, md_link, md_text, rich_text
 from mgprof.report.term_table import Col, print_fitted
 
@@ -97,6 +97,35 @@ def table_cells(comp: Comparison) -> list[list[str]]:
     for na in comp.not_applicable:
         cells.append([na.strategy, "-", *(["n/a"] * (len(COLUMNS) - 2))])
     return cells
+
+
+MEMORY_SHORT = ("row", "params\nMiB", "grads\nMiB", "optim\nMiB", "state\nMiB", "comm MiB\n/step")
+MEMORY_COLUMNS = (
+    "row",
+    "parameters per rank (MiB)",
+    "gradients per rank (MiB)",
+    "optimizer state per rank (MiB)",
+    "model state per rank (MiB)",
+    "communication per step (MiB)",
+)
+
+
+def memory_cells(comp: Comparison) -> list[list[str]]:
+    """Per row, the model state each rank holds and the bytes its collectives moved; shown
+    when a row shards the model (FSDP), the choice these columns decide."""
+    if not any(r.state_sharded or r.strategy.startswith("fsdp") for r in comp.rows):
+        return []
+    return [
+        [
+            row_label(row),
+            _f(row.params_mib, ".3g"),
+            _f(row.grads_mib, ".3g"),
+            _f(row.optimizer_mib, ".3g"),
+            _f(state_mib(row), ".3g") + (" (shard)" if row.state_sharded else ""),
+            _f(row.comm_mib_per_step, ".3g"),
+        ]
+        for row in comp.rows
+    ]
 
 
 PRECISION_SHORT = (
@@ -253,6 +282,12 @@ def note_lines(comp: Comparison) -> list[str]:
         "= exposed communication share of the trace window; comm A/B = step time saved "
         "without gradient sync; peak memory per device (CUDA allocated, or process RSS on CPU)"
     )
+    if memory_cells(comp):
+        lines.append(
+            "model state = parameters + gradients + optimizer state one rank holds after the "
+            "first update, from its own tensors (an FSDP shard counts its local part); comm "
+            "MiB/step = bytes rank 0's collectives moved per traced step"
+        )
     return lines
 
 
@@ -267,6 +302,11 @@ def render_comparison(comp: Comparison, console: Console, where: str | None = No
         for row in table_cells(comp)
     ]
     print_fitted(console, columns, cells)
+    memory = memory_cells(comp)
+    if memory:
+        columns = [Col(col, numeric=i > 0) for i, col in enumerate(MEMORY_SHORT)]
+        cells = [[rich_text(c, style="dim" if c == "n/a" else "") for c in row] for row in memory]
+        print_fitted(console, columns, cells)
     precision = precision_cells(comp)
     if precision:
         columns = [Col(col, numeric=0 < i < 6) for i, col in enumerate(PRECISION_SHORT)]
@@ -290,6 +330,10 @@ def comparison_to_markdown(comp: Comparison) -> str:
     out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for cells in table_cells(comp):
         out.append("| " + " | ".join(md_text(c) for c in cells) + " |")
+    memory = memory_cells(comp)
+    if memory:
+        out += ["", "| " + " | ".join(MEMORY_COLUMNS) + " |", "|" + "---|" * len(MEMORY_COLUMNS)]
+        out += ["| " + " | ".join(md_text(c) for c in cells) + " |" for cells in memory]
     precision = precision_cells(comp)
     if precision:
         out += ["", "| " + " | ".join(PRECISION_COLUMNS) + " |"]

@@ -325,20 +325,21 @@ def _install_precision(auto: AutoInstrument) -> Any:
 
 
 def _install_autowrap(precision: Any = None) -> Any:
-    """Watch for the trained model (``mgprof.collect.wrapping.autowrap``): under dp/ddp so a
-    script that does not wrap it still synchronises its gradients, under ``--precision`` to run
+    """Watch for the trained model (``mgprof.collect.wrapping.autowrap``): under dp/ddp/fsdp so
+    a script that does not wrap it still synchronises its gradients, under ``--precision`` to run
     it in that precision, and under every strategy to count the samples each step trains."""
     from mgprof.collect.wrapping.autowrap import AutoWrap, enabled
 
     strategy = os.environ.get("MGPROF_STRATEGY") or "single"
-    wrap = strategy in ("ddp", "dp") and enabled()
+    wrapping = strategy in ("ddp", "dp", "fsdp", "fsdp-noreshard")
+    wrap = wrapping and enabled()
     from mgprof.collect import hooks
 
-    if strategy in ("ddp", "dp") and not enabled():
+    if wrapping and not enabled():
         hooks.note_fact("auto_wrap", None)
     import torch
 
-    if wrap and strategy == "ddp" and torch.cuda.is_available():
+    if wrap and strategy != "dp" and torch.cuda.is_available():
         # a script that says torch.device("cuda") then lands on this rank's own device
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     # found under every strategy: its calls give each step's trained batch (batchinfo)

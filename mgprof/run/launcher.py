@@ -49,7 +49,18 @@ from mgprof.run.process_tree import (
     stop_signals,
 )
 
-STRATEGIES = ("single", "dp", "ddp")
+STRATEGIES = ("single", "dp", "ddp", "fsdp", "fsdp-noreshard")
+SHARDED = ("fsdp", "fsdp-noreshard")
+"""Auto-wrap under FSDP2 (``fully_shard`` per repeated block and on the root); ``-noreshard``
+keeps the gathered parameters between forward and backward (``reshard_after_forward=False``,
+ZeRO-2-like)."""
+
+
+def one_process_per_rank(strategy: str) -> bool:
+    """DDP and FSDP start one process per device (torchrun); single and DataParallel one."""
+    return strategy == "ddp" or strategy in SHARDED
+
+
 STDERR_TAIL_LINES = 40
 AUTO_WRAP_ENV = "MGPROF_AUTO_WRAP"
 """Mirrors ``mgprof.collect.wrapping.autowrap.AUTO_WRAP_ENV`` (the launcher does not import
@@ -187,6 +198,12 @@ def plan(config: LaunchConfig, device_count: int | None = None) -> Plan:
         raise UsageError("--strategy single runs one device; use --gpus 1 or --strategy ddp|dp")
     if strategy == "dp" and config.nnodes > 1:
         raise UsageError("DataParallel runs in one process on one node; use --strategy ddp")
+    if strategy in SHARDED and config.gpus * config.nnodes < 2:
+        raise UsageError(
+            f"--strategy {strategy} shards the model over ranks and needs at least 2; "
+            "use --gpus 2 or more (or --strategy single)"
+        )
+    ranks = one_process_per_rank(strategy)
     if count == 0:
         if strategy == "dp":
             raise UsageError(
@@ -195,7 +212,7 @@ def plan(config: LaunchConfig, device_count: int | None = None) -> Plan:
             )
         cores = os.cpu_count() or 1
         cap = config.max_cpu_ranks or CPU_RANKS_PER_CORE * cores
-        if strategy == "ddp" and config.gpus > cap:
+        if ranks and config.gpus > cap:
             raise UsageError(
                 f"--gpus {config.gpus} would start {config.gpus} CPU ranks (no CUDA device "
                 f"visible) on {cores} core(s); at most {cap} are allowed: lower --gpus or "
@@ -204,13 +221,13 @@ def plan(config: LaunchConfig, device_count: int | None = None) -> Plan:
         return Plan(
             strategy=strategy,
             cuda=False,
-            nproc_per_node=config.gpus if strategy == "ddp" else 1,
-            world_size=config.gpus * config.nnodes if strategy == "ddp" else 1,
-            backend="gloo" if strategy == "ddp" else None,
+            nproc_per_node=config.gpus if ranks else 1,
+            world_size=config.gpus * config.nnodes if ranks else 1,
+            backend="gloo" if ranks else None,
             cpu_fallback_reason=(
                 f"no CUDA device visible: {config.gpus} CPU rank(s) over gloo stand in for GPUs; "
                 "NVML and DataParallel figures do not apply"
-                if strategy == "ddp"
+                if ranks
                 else "no CUDA device visible: running on the CPU"
             ),
         )
@@ -222,9 +239,9 @@ def plan(config: LaunchConfig, device_count: int | None = None) -> Plan:
     return Plan(
         strategy=strategy,
         cuda=True,
-        nproc_per_node=config.gpus if strategy == "ddp" else 1,
-        world_size=config.gpus * config.nnodes if strategy == "ddp" else 1,
-        backend="nccl" if strategy == "ddp" else None,
+        nproc_per_node=config.gpus if ranks else 1,
+        world_size=config.gpus * config.nnodes if ranks else 1,
+        backend="nccl" if ranks else None,
         cpu_fallback_reason=None,
     )
 
@@ -237,7 +254,7 @@ def worker_command(config: LaunchConfig, p: Plan) -> list[str]:
     signal so that nothing outlives mgprof.
     """
     boot = [*entry.python_command("bootstrap"), str(config.script), *config.script_args]
-    if p.strategy != "ddp":
+    if not one_process_per_rank(p.strategy):
         return boot
     cmd = [*entry.python_command("torchrun"), f"--nproc-per-node={p.nproc_per_node}"]
     if config.nnodes == 1 and not config.rdzv_endpoint:
@@ -283,11 +300,11 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
         env[PRECISION_ENV] = config.precision
     if config.seed is not None:
         env[SEED_ENV] = str(config.seed)
-    if p.strategy == "ddp" and config.nnodes == 1 and not config.rdzv_endpoint:
+    if one_process_per_rank(p.strategy) and config.nnodes == 1 and not config.rdzv_endpoint:
         # one node: nothing outside this machine needs to reach the rendezvous or gloo's pairs
         env[entry.LOOPBACK_ENV] = "1"
         env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_IFNAME)
-    if p.strategy != "ddp":
+    if not one_process_per_rank(p.strategy):
         # One process, but torchrun-style scripts call init_process_group() from the
         # environment: give them torchrun's variables for a world of one.
         for key, value in single_rank_env().items():
@@ -322,7 +339,7 @@ def threads_per_rank(p: Plan, env: dict[str, str]) -> int:
         return max(1, int(env["OMP_NUM_THREADS"]))
     except (KeyError, ValueError):
         pass
-    if p.strategy == "ddp" and p.nproc_per_node > 1:
+    if one_process_per_rank(p.strategy) and p.nproc_per_node > 1:
         return 1
     return os.cpu_count() or 1
 

@@ -39,6 +39,7 @@ from mgprof.analyze.compare.scaling import (
     build_row,
     differences,
     encode_comparison,
+    memory_tradeoff,
     observed_mode,
     row_name,
     trial_batches,
@@ -47,7 +48,7 @@ from mgprof.analyze.compare.scaling import (
 from mgprof.atomic import write_bytes_atomic
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
-from mgprof.run.launcher import STRATEGIES
+from mgprof.run.launcher import SHARDED, STRATEGIES, one_process_per_rank
 from mgprof.run.machine_load import LoadMeter, MachineLoad
 
 DEFAULT_STEPS = 10
@@ -72,8 +73,12 @@ def _parse_list(
     return items
 
 
+DEFAULT_STRATEGIES = ("single", "dp", "ddp")
+"""What ``compare`` runs unless asked: FSDP rows (``fsdp``, ``fsdp-noreshard``) on request."""
+
+
 def parse_strategies(text: str | Sequence[str]) -> list[str]:
-    """``single,dp,ddp`` (any order, no repeats) → list; UsageError naming the bad one."""
+    """``single,dp,ddp,fsdp`` (any order, no repeats) → list; UsageError naming the bad one."""
     return _parse_list(text, STRATEGIES, "--strategies", "strategy", "single,dp,ddp")
 
 
@@ -136,8 +141,8 @@ def _plan_all(
         try:
             p = plan(LaunchConfig(script=script, gpus=n, strategy=strategy, out=out))
         except UsageError as exc:
-            if strategy == "dp":
-                skipped.append(NotApplicable(strategy="dp", reason=str(exc)))
+            if strategy == "dp" or strategy in SHARDED:
+                skipped.append(NotApplicable(strategy=strategy, reason=str(exc)))
                 continue
             raise
         if strategy != "single" and gpus < 2:
@@ -153,7 +158,7 @@ def _plan_all(
 def compare(
     script: str | os.PathLike[str],
     gpus: int,
-    strategies: str | Sequence[str] = STRATEGIES,
+    strategies: str | Sequence[str] = DEFAULT_STRATEGIES,
     steps: int = DEFAULT_STEPS,
     warmup: int = 2,
     batch_size: int | None = None,
@@ -304,6 +309,9 @@ def compare(
         comp.verdict = comparison_verdict(comp.rows, *args)
     else:
         comp.verdict = verdict(comp.rows, *args)
+    tradeoff = memory_tradeoff(comp.rows, comp.intervals)
+    if tradeoff is not None:
+        comp.verdict += f"; {tradeoff}"
     write_bytes_atomic(comp_dir / COMPARISON_JSON, encode_comparison(comp))
     _write_markdown(comp_dir, comp)
     _link_runs(comp_dir, comp)
@@ -336,7 +344,7 @@ def thread_setting(runnable: Sequence[str], gpus: int) -> tuple[dict[str, str], 
     user = os.environ.get(THREADS_ENV)
     if user:
         return {}, f"{THREADS_ENV}={user} for every row (set by you)"
-    processes = max((gpus if s == "ddp" else 1 for s in runnable), default=1)
+    processes = max((gpus if one_process_per_rank(s) else 1 for s in runnable), default=1)
     cores = usable_cores()
     threads = max(1, cores // processes)
     why = (

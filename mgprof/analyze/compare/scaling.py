@@ -26,6 +26,9 @@ from mgprof.errors import RunRecordError
 from mgprof.records import RunRecord
 from mgprof.safe_read import read_regular
 
+RANKED = ("ddp", "fsdp", "fsdp-noreshard")
+"""Strategies with one process per device (torchrun ranks); mirrors the launcher's."""
+
 COMPARISON_VERSION = 2
 COMPARISON_JSON = "comparison.json"
 
@@ -81,6 +84,15 @@ class Row(msgspec.Struct, kw_only=True):
     ab_comm_pct: float | None = None
     peak_mem_kind: str | None = None
     peak_mem_mib: list[float | None] = msgspec.field(default_factory=list)
+    params_mib: float | None = None
+    grads_mib: float | None = None
+    optimizer_mib: float | None = None
+    """Parameters, gradients and optimizer state held per rank after the first update (the
+    most any rank held; a sharded rank's own part: ``TrainingFacts.model_state``)."""
+    state_sharded: bool = False
+    """The parameters were FSDP shards (DTensor): the three figures above are one rank's part."""
+    comm_mib_per_step: float | None = None
+    """Bytes rank 0's collectives moved per traced step (the message sizes the trace records)."""
     busbw_pct_of_attainable: float | None = None
     """Rank 0's largest collective type's busbw as a share of this machine's, measured by the
     bandwidth probe at the job's message size right after the row ran (DDP rows)."""
@@ -202,14 +214,18 @@ def trial_batches(mode: str, batch: int, devices: int) -> dict[str, tuple[int, i
     batch does not divide.
     """
     if mode == "weak":
-        return {"single": (batch, batch), "ddp": (batch, batch), "dp": (batch * devices, batch)}
+        return {
+            "single": (batch, batch),
+            "dp": (batch * devices, batch),
+            **{s: (batch, batch) for s in RANKED},
+        }
     if batch % devices:
         raise ValueError(
             f"--global-batch {batch} does not divide over {devices} devices; pick a multiple "
             f"of {devices}"
         )
     share = batch // devices
-    return {"single": (batch, batch), "ddp": (share, share), "dp": (batch, share)}
+    return {"single": (batch, batch), "dp": (batch, share), **{s: (share, share) for s in RANKED}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,7 +371,38 @@ def build_row(
     _ab(row, ab, ab_asked)
     _trace_vs_ab(row)
     _memory(row, ranks)
+    _model_state(row, run)
+    _comm_volume(row, analysis)
     return row
+
+
+def _model_state(row: Row, run: RunRecord) -> None:
+    """The model's state per rank (the most any rank held), from each rank's own tensors."""
+    found = [r.training.model_state for r in run.ranks if r.training.model_state is not None]
+    if not found:
+        return
+    row.params_mib = max(m.parameters_mib for m in found)
+    row.grads_mib = max(m.gradients_mib for m in found)
+    row.optimizer_mib = max(m.optimizer_mib for m in found)
+    row.state_sharded = any(m.sharded for m in found)
+
+
+def _comm_volume(row: Row, analysis: Mapping[str, Any]) -> None:
+    """MiB rank 0's collectives moved per traced step (the trace's message sizes)."""
+    traces = analysis.get("traces") if isinstance(analysis.get("traces"), Mapping) else {}
+    assert isinstance(traces, Mapping)
+    ranks = traces.get("ranks") if isinstance(traces.get("ranks"), Mapping) else {}
+    assert isinstance(ranks, Mapping)
+    summaries = [s for s in ranks.get("0") or [] if isinstance(s, Mapping)]
+    moved = sum(
+        _num(c.get("bytes")) or 0.0
+        for s in summaries
+        for c in s.get("collectives") or []
+        if isinstance(c, Mapping)
+    )
+    steps = sum(len(s.get("steps") or []) for s in summaries)
+    if steps and row.devices > 1:
+        row.comm_mib_per_step = moved / steps / (1024 * 1024)
 
 
 def add_round(row: Row, run: RunRecord, run_name: str) -> None:
@@ -664,3 +711,43 @@ def read_comparison(path: str | Path) -> Comparison:
             "upgrade with 'pip install -U mgprof'"
         )
     return comp
+
+
+def state_mib(row: Row) -> float | None:
+    """Parameters + gradients + optimizer state per rank (None: not measured)."""
+    parts = (row.params_mib, row.grads_mib, row.optimizer_mib)
+    return None if any(p is None for p in parts) else sum(p or 0.0 for p in parts)
+
+
+def _mib(value: float) -> str:
+    return f"{value / 1024:.2f} GiB" if value >= 1024 else f"{value:.3g} MiB"
+
+
+def memory_tradeoff(rows: Sequence[Row], intervals: Sequence[Interval]) -> str | None:
+    """What each FSDP row buys against the DDP row: the model state it saves per rank, and
+    what that costs in throughput (with the interval), in one sentence; None without both."""
+    ddp = next((r for r in rows if r.strategy == "ddp" and r.precision is None), None)
+    if ddp is None or state_mib(ddp) is None:
+        return None
+    parts = []
+    for row in rows:
+        if row.strategy not in ("fsdp", "fsdp-noreshard") or row.precision is not None:
+            continue
+        mine, theirs = state_mib(row), state_mib(ddp)
+        if mine is None or theirs is None:
+            continue
+        text = (
+            f"{row.strategy} holds {_mib(mine)} of parameters, gradients and optimizer state "
+            f"per rank against ddp's {_mib(theirs)} ({_mib(theirs - mine)} less)"
+        )
+        cost = ratio_between(intervals, "ddp", row.strategy)
+        if cost is not None and cost.above:
+            text += f" for {_x(cost)} lower throughput than ddp"
+        elif cost is not None and cost.high < 1.0:
+            text += f" and is faster: ddp reached {_x(cost)} of its throughput"
+        elif cost is not None:
+            text += f" at no measurable throughput cost (ddp vs {row.strategy}: {_x(cost)})"
+        parts.append(text)
+    if not parts:
+        return None
+    return "memory: " + "; ".join(parts)

@@ -95,6 +95,8 @@ def grad_sync(run: RunRecord) -> GradSync:
                 "whether those were gradients)"
             ),
         }.get(how or "", f"synchronised by {how}")
+        if how == "fsdp" and auto is not None and auto.wrapper == "fsdp":
+            detail = detail.replace("the script's FSDP-sharded model", "the model mgprof sharded")
         return GradSync(
             status="synchronised", how=how, synced_ranks=synced, detail=detail, auto_wrap=auto
         )
@@ -108,7 +110,7 @@ def grad_sync(run: RunRecord) -> GradSync:
         )
         if reason:
             detail += f" (auto-wrap: {reason})"
-        elif auto is None and run.strategy in ("ddp", "dp"):
+        elif auto is None and run.strategy in ("ddp", "dp", "fsdp", "fsdp-noreshard"):
             detail += " (auto-wrap was off)"
         return GradSync(
             status="independent", independent_ranks=independent, detail=detail, auto_wrap=auto
@@ -132,5 +134,7 @@ def strategy_label(run: RunRecord, sync: GradSync) -> str:
     if sync.auto_wrap and sync.auto_wrap.wrapper:
         return f"{run.strategy} (auto-wrapped)"
     if sync.how == "fsdp":
+        if run.strategy.startswith("fsdp"):
+            return f"{run.strategy} (the script's own FSDP)"
         return f"fsdp (the script's own; launched as {run.strategy})"
     return run.strategy

@@ -15,6 +15,10 @@ which run in worker threads) goes the ordinary way. ``nn.Module.__call__`` is pa
 the decision is made (the first optimizer update at the latest), so the per-step cost after
 that is one attribute lookup. Pickling or deep-copying the module gives the original class.
 
+Under ``--strategy fsdp`` / ``fsdp-noreshard`` there is no wrapper: FSDP2's ``fully_shard``
+changes the module in place (``mgprof.collect.wrapping.fsdp_wrap``), and the script's optimizer
+is pointed at the sharded parameters before its first update.
+
 Under ``--precision`` the same route carries the precision setting
 (``mgprof.collect.wrapping.precision``): the trained module is found under every strategy
 (single, and a
@@ -138,6 +142,7 @@ class AutoWrap:
         self._orig_add_group: Any = None
         self.record: AutoWrapRecord | None = None
         self._initialized_pg = False
+        self._repointed: int | None = None
         self.wrapped: list[nn.Module] = []
 
     # -- installation -------------------------------------------------------------------------
@@ -224,7 +229,7 @@ class AutoWrap:
             module
         )
         if self_wrapped and self.precision is None and not self._observable(module):
-            self._decide(None, _SELF_WRAPPED)
+            self._decide(None, _SELF_WRAPPED, self_wrapped=module)
             return False
         if id(module) in self._checked or not self._optimizers:
             return False
@@ -243,6 +248,13 @@ class AutoWrap:
             wrapper, reason = None, "auto-wrap is off"
         else:
             wrapper, reason = self._build(module)
+        if wrapper is module:  # sharded in place by FSDP: its own class carries the hooks
+            if self.precision is not None:
+                _routes[module] = self.precision.route(module, module)
+                module.__class__ = _routed_class(type(module))
+            self.wrapped.append(module)
+            self._decide(wrapper, None, module)
+            return True
         if self.precision is not None:
             route = self.precision.route(module, wrapper if wrapper is not None else module)
         elif wrapper is None and not self._observable(module):
@@ -288,7 +300,36 @@ class AutoWrap:
             return self._build_ddp(module)
         if self.strategy == "dp":
             return self._build_dp(module)
+        if self.strategy in ("fsdp", "fsdp-noreshard"):
+            return self._build_fsdp(module)
         return None, f"strategy {self.strategy} needs no wrapper"
+
+    def _build_fsdp(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
+        """``fully_shard`` per unit and on the root, in place; the optimizers re-pointed."""
+        import torch.distributed as dist
+
+        from mgprof.collect.wrapping import fsdp_wrap
+        from mgprof.collect.wrapping.wrap import device
+
+        optimizers = self.optimizers()
+        reason = fsdp_wrap.why_not(module, optimizers)
+        if reason is not None:
+            return None, reason
+        where = next(module.parameters()).device
+        if where.type == "cuda" and where != device():
+            return None, (
+                f"the model is on {where} but this rank's device is {device()} (the script pins "
+                "a device index); use torch.device('cuda') or mgprof.device()"
+            )
+        if not dist.is_initialized():
+            _init_process_group("nccl" if where.type == "cuda" else "gloo")
+            self._initialized_pg = True
+        if dist.get_world_size() < 2:
+            return None, "FSDP needs two or more ranks"
+        before = fsdp_wrap.names_of(module)
+        fsdp_wrap.shard(module, reshard_after_forward=self.strategy == "fsdp")
+        self._repointed = fsdp_wrap.repoint(module, before, optimizers)
+        return module, None
 
     def _build_ddp(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
         import torch.distributed as dist
@@ -327,7 +368,11 @@ class AutoWrap:
         return nn.DataParallel(module, device_ids=ids[: _gpu_limit(count)]), None
 
     def _decide(
-        self, wrapper: nn.Module | None, reason: str | None, module: nn.Module | None = None
+        self,
+        wrapper: nn.Module | None,
+        reason: str | None,
+        module: nn.Module | None = None,
+        self_wrapped: nn.Module | None = None,
     ) -> None:
         if self.record is not None:
             return
@@ -337,22 +382,53 @@ class AutoWrap:
             self.record = AutoWrapRecord(reason=reason)
         else:
             target = module if module is not None else wrapper
-            trainable = sum(p.numel() for p in target.parameters() if p.requires_grad)
-            is_ddp = not isinstance(wrapper, nn.DataParallel)
+            kind = _kind(wrapper, target)
             self.record = AutoWrapRecord(
-                wrapper="ddp" if is_ddp else "dp",
-                module_class=f"{type(target).__module__}.{type(target).__qualname__}",
-                parameters=trainable,
-                bucket_cap_mb=_bucket_cap_mb(wrapper) if is_ddp else None,
+                wrapper=kind,
+                module_class=_script_class(target),
+                parameters=_global_numel(target),
+                bucket_cap_mb=_bucket_cap_mb(wrapper) if kind == "ddp" else None,
                 devices=list(getattr(wrapper, "device_ids", None) or []),
                 initialized_process_group=self._initialized_pg,
+                optimizer_params_repointed=self._repointed if kind == "fsdp" else None,
             )
-        wrapping = self.wrap and self.strategy in ("ddp", "dp")
+        wrapping = self.wrap and self.strategy in ("ddp", "dp", "fsdp", "fsdp-noreshard")
         if self._note is not None and wrapping:
             self._note("auto_wrap", self.record)
         if wrapping and reason is not None and reason != _SELF_WRAPPED and wrapper is None:
             emit_line(f"mgprof auto-wrap: nothing wrapped: {reason}")
+        if (
+            wrapping
+            and self.strategy in ("fsdp", "fsdp-noreshard")
+            and self_wrapped is not None
+            and not _is_fsdp(self_wrapped)
+        ):
+            emit_line(
+                f"mgprof: --strategy {self.strategy}: the script wraps its model in "
+                f"{type(self_wrapped).__name__} itself, so nothing was sharded; measure it "
+                "with --strategy ddp, or let mgprof wrap an unwrapped model"
+            )
         self.uninstall()
+
+
+def _kind(wrapper: nn.Module, target: nn.Module) -> Any:
+    if wrapper is target:
+        return "fsdp"
+    return "dp" if isinstance(wrapper, nn.DataParallel) else "ddp"
+
+
+def _script_class(module: nn.Module) -> str:
+    """The script's own class (FSDP2 swaps in ``FSDP<Class>``, a subclass of it)."""
+    cls = type(module)
+    if _is_fsdp(module):
+        own = [b for b in cls.__bases__ if b.__name__ != "FSDPModule"]
+        cls = own[0] if own else cls
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _global_numel(module: nn.Module) -> int:
+    """Trainable elements of the whole model (a DTensor shard counts as its global shape)."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
 def _bucket_cap_mb(ddp: Any) -> float | None:

@@ -1,4 +1,4 @@
-"""``mgprof.wrap``: one line puts a model under single device, DataParallel or DDP.
+"""``mgprof.wrap``: one line puts a model under single device, DataParallel, DDP or FSDP.
 
 The launcher chooses the strategy (``MGPROF_STRATEGY``) so one script runs unchanged under each;
 ``strategy=`` overrides it. The process group is initialised from torchrun's environment when
@@ -25,7 +25,9 @@ STRATEGY_ENV = "MGPROF_STRATEGY"
 BATCH_SIZE_ENV = "MGPROF_BATCH_SIZE"
 NOSYNC_STEPS_ENV = "MGPROF_NOSYNC_STEPS"
 """Set by ``mgprof compare``: DDP models get the switchable comm hook for the no-sync A/B."""
-STRATEGIES = ("single", "dp", "ddp")
+STRATEGIES = ("single", "dp", "ddp", "fsdp", "fsdp-noreshard")
+RANKED = ("ddp", "fsdp", "fsdp-noreshard")
+"""Strategies that run one process per device (torchrun's ranks)."""
 
 _dp_device_ids: list[int] | None = None
 _skip_grad_sync = False
@@ -57,7 +59,7 @@ def chosen_strategy(strategy: str | None = None) -> str:
 def device() -> torch.device:
     """The device this process should put its model and batches on."""
     if torch.cuda.is_available():
-        if chosen_strategy() == "ddp":
+        if chosen_strategy() in RANKED:
             return torch.device("cuda", _local_rank() % torch.cuda.device_count())
         return torch.device("cuda", 0 if _dp_device_ids is None else _dp_device_ids[0])
     return torch.device("cpu")
@@ -73,7 +75,7 @@ def devices_in_use(strategy: str | None = None) -> list[int]:
         choice = "single"
     if choice == "dp":
         return list(_dp_device_ids or range(_gpu_limit(torch.cuda.device_count())))
-    if choice == "ddp":
+    if choice in RANKED:
         return [_local_rank() % torch.cuda.device_count()]
     return [torch.cuda.current_device()]
 
@@ -115,7 +117,10 @@ def wrap(
     ``single``: moved to the device. ``dp``: ``nn.DataParallel`` over ``device_ids`` (all
     visible GPUs by default). ``ddp``: ``DistributedDataParallel`` on this rank's device, the
     process group initialised from torchrun's environment when needed. Extra keyword arguments
-    go to DDP (``bucket_cap_mb``, ``find_unused_parameters``, ...).
+    go to DDP (``bucket_cap_mb``, ``find_unused_parameters``, ...). ``fsdp`` /
+    ``fsdp-noreshard``: FSDP2's ``fully_shard`` on each repeated block and on the root
+    (``mgprof.collect.wrapping.fsdp_wrap``), the model itself returned (FSDP changes it in
+    place); build the optimizer after this call, as FSDP2 requires.
     """
     global _dp_device_ids
     choice = chosen_strategy(strategy)
@@ -150,6 +155,11 @@ def wrap(
             ddp = DistributedDataParallel(model, **ddp_kwargs)
         enable_sync_ab(ddp, lazy=True)
         return ddp
+    if choice in RANKED:  # fsdp, fsdp-noreshard
+        init_process_group()
+        from mgprof.collect.wrapping.fsdp_wrap import shard
+
+        return shard(model.to(device()), reshard_after_forward=choice == "fsdp")
     return model.to(device())
 
 

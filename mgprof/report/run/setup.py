@@ -82,8 +82,16 @@ def _sync_facts(sync: GradSync, samplers: bool = False) -> list[tuple[str, str]]
     wrap = sync.auto_wrap
     if wrap is not None and wrap.wrapper:
         what = f"{wrap.module_class} ({_count(wrap.parameters)} parameters)"
-        how = "DistributedDataParallel" if wrap.wrapper == "ddp" else "DataParallel"
+        how = {
+            "ddp": "DistributedDataParallel",
+            "dp": "DataParallel",
+            "fsdp": "FSDP2 (fully_shard per unit and on the root)",
+        }.get(wrap.wrapper, wrap.wrapper)
         extra = []
+        if wrap.optimizer_params_repointed is not None:
+            extra.append(
+                f"optimizer re-pointed at the shards ({wrap.optimizer_params_repointed} parameters)"
+            )
         if wrap.bucket_cap_mb is not None:
             extra.append(f"bucket_cap_mb {wrap.bucket_cap_mb:g}")
         if wrap.devices:
@@ -92,7 +100,7 @@ def _sync_facts(sync: GradSync, samplers: bool = False) -> list[tuple[str, str]]
             extra.append("process group initialised by mgprof")
         tail = f"; {', '.join(extra)}" if extra else ""
         facts.append(("auto-wrap", f"{what} under {how}{tail} (--no-auto-wrap turns it off)"))
-        if wrap.wrapper == "ddp" and not samplers:
+        if wrap.wrapper in ("ddp", "fsdp") and not samplers:
             facts.append(
                 (
                     "data",
