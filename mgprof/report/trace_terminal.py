@@ -94,6 +94,45 @@ def _totals_row(label: str, kind: str, t: TraceTotals) -> list[str | Text]:
     ]
 
 
+def _render_fsdp(job: JobTraceSummary, console: Console) -> None:
+    """FSDP2 communication by unit and phase: the table of the first rank that has it, a line
+    per other rank (FSDP ranks run the same units; ``--json`` holds every rank's rows)."""
+    from mgprof.report.run import fsdp as fsdp_view
+    from mgprof.report.term_table import Col, print_fitted
+
+    ranks = [r for r in job.ranks if r.fsdp is not None]
+    if not ranks:
+        return
+    first, f = ranks[0], ranks[0].fsdp
+    assert f is not None
+    headers = fsdp_view.GROUP_COLUMNS if fsdp_view.several_groups(f) else fsdp_view.COLUMNS
+    labels = 3 if fsdp_view.several_groups(f) else 2
+    cols = [Col(h, numeric=i >= labels) for i, h in enumerate(headers)]
+    cells = fsdp_view.rows(f, lambda _figure, _why: "n/a")
+    table_rows: list[list[str | Text]] = [
+        [rich_text(c) if i < labels else c for i, c in enumerate(row)] for row in cells
+    ]
+    print_fitted(
+        console,
+        cols,
+        table_rows,
+        labels=labels,
+        title=f"FSDP communication by unit and phase, rank {first.rank}",
+    )
+    for line in fsdp_view.lines(f):
+        console.print(rich_text(line, multiline=True))
+    for r in ranks[1:]:
+        g = r.fsdp
+        assert g is not None
+        console.print(
+            rich_text(
+                f"rank {r.rank}: FSDP collectives {_fmt(g.comm_us, 'ms')} ms, "
+                f"{_fmt(g.exposed_us, 'ms')} ms exposed",
+                multiline=True,
+            )
+        )
+
+
 def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     """Print the per-rank totals, collectives, top kernels and the not-applicable notes."""
     # rich is imported here, not at the top: ``mgprof trace --json`` never draws a table.
@@ -185,6 +224,7 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     ]
     if coll_rows:
         print_fitted(console, coll_cols, coll_rows, labels=2, title="Collectives")
+    _render_fsdp(job, console)
     vs = [(r.rank, a) for r in job.ranks for a in (r.attainable or [])]
     if vs:
         att_cols = [

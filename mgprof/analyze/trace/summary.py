@@ -32,6 +32,8 @@ from mgprof.analyze.trace.comm import (
     summarize_collectives,
     type_unions,
 )
+from mgprof.analyze.trace.fsdp import DEFINITIONS as FSDP_DEFINITIONS
+from mgprof.analyze.trace.fsdp import FsdpComm, fsdp_comm
 from mgprof.analyze.trace.idle import IdleBreakdown, LaunchDelay, idle_breakdown, launch_delay
 from mgprof.analyze.trace.kernels import (
     KERNELS_LIMIT,
@@ -264,6 +266,9 @@ class RankTraceSummary(msgspec.Struct, kw_only=True):
     kernels_dropped: KernelsDropped | None = None
     gemm_precision: GemmPrecisionFacts | None = None
     """Host time of the innermost GEMM/conv ops by operand dtype (``record_shapes``)."""
+    fsdp: FsdpComm | None = None
+    """FSDP2 (``fully_shard``) communication by unit and phase (``mgprof.analyze.trace.fsdp``);
+    None for a trace that is not FSDP2's."""
 
 
 def _pct(x: float | None, window: float) -> float | None:
@@ -458,6 +463,9 @@ def analyze_trace_file(path: str | Path, top: int = 10, processes: int = 1) -> R
         totals = _comm_unknown(totals, na)
     steps = _steps(rt, na, spans)
     collectives = summarize_collectives(calls, type_unions(calls, rt.time_base_us, window, cover))
+    fsdp, fsdp_reason = fsdp_comm(rt, calls, window, cover)
+    if fsdp_reason is not None:
+        na["fsdp"] = fsdp_reason
     if not collectives:
         na["collectives"] = (
             "no communication kernels (nccl/rccl) in the trace"
@@ -512,6 +520,8 @@ def analyze_trace_file(path: str | Path, top: int = 10, processes: int = 1) -> R
     definitions.update(DEFINITIONS_COMMON)
     definitions.update(_OPS_COMMON)
     definitions.update(_OPS_GPU if kind == "gpu" else _OPS_CPU)
+    if fsdp is not None or fsdp_reason is not None:
+        definitions.update(FSDP_DEFINITIONS)
     return RankTraceSummary(
         rank=rt.rank,
         rank_source=rt.rank_source,
@@ -543,4 +553,5 @@ def analyze_trace_file(path: str | Path, top: int = 10, processes: int = 1) -> R
         kernels=listed[:KERNELS_LIMIT],
         kernels_dropped=dropped,
         gemm_precision=gemm_precision_facts(rt.gemm_host_us),
+        fsdp=fsdp,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mgprof.analyze.run.results import RankAnalysis
 from mgprof.analyze.run.schema import RunAnalysis, given
+from mgprof.report.run.fsdp import fsdp_table
 from mgprof.report.run.section_model import (
     Cells,
     Fmt,
@@ -246,6 +247,10 @@ def communication_section(analysis: RunAnalysis) -> Section:
     sec.tables.append(table)
     if collectives.rows:
         sec.tables.append(collectives)
+    fsdp = fsdp_table(analysis, notes)
+    if fsdp is not None:
+        sec.tables.append(fsdp[0])
+        sec.notes.extend(fsdp[1])
     sec.footnotes = notes.lines()
     return sec
 
