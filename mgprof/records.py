@@ -234,6 +234,8 @@ class FsdpRecord(Struct):
     """FSDP2: the device mesh's shape (``[2]``; ``[replicas, shards]`` for HSDP)."""
     world: int | None = None
     """Ranks the parameters are sharded or replicated over."""
+    unit_parameters: list[int] = msgspec.field(default_factory=list)
+    """FSDP2: the parameter elements each unit gathers (whole tensors), largest first."""
 
 
 class PrecisionRecord(Struct):

@@ -174,6 +174,41 @@ def test_compare_gives_ddp_and_both_fsdp_rows_with_memory(tmp_path: Path) -> Non
     assert rows["fsdp"]["comm_mib_per_step"] > rows["fsdp-noreshard"]["comm_mib_per_step"]
     assert "memory: fsdp holds" in comp["verdict"] and "ddp's" in comp["verdict"]
     assert "params" in proc.stdout and "optim" in proc.stdout  # the memory table
+    # the fsdp run's own report cites the measured rows: ddp was faster and fit
+    fsdp_run = json.loads((found.parent / rows["fsdp"]["run"] / "run.json").read_text())
+    slower = [f for f in fsdp_run["analysis"]["findings"] if f["rule"] == "fsdp_slower_than_ddp"]
+    assert len(slower) == 1, [f["rule"] for f in fsdp_run["analysis"]["findings"]]
+    figs = slower[0]["figures"]
+    assert figs["ddp_over_fsdp_low"] > 1.0 and "--strategy ddp" in slower[0]["fix"]
+    assert figs["fsdp_model_state_mib"] < figs["ddp_model_state_mib"]
+    ddp_run = json.loads((found.parent / rows["ddp"]["run"] / "run.json").read_text())
+    assert not [f for f in ddp_run["analysis"]["findings"] if f["rule"].startswith("fsdp")]
+
+
+def test_unit_layout_fires_only_when_one_unit_holds_most_parameters(
+    trained: dict[str, Path],
+) -> None:
+    import msgspec
+
+    from mgprof.analyze.findings import findings_of
+    from mgprof.analyze.run.schema import decode_analysis
+    from mgprof.records import read_run
+
+    run = read_run(trained["fsdp"])
+    analysis = decode_analysis(run.analysis or {})
+    fsdp = run.ranks[0].training.fsdp
+    assert fsdp is not None and len(fsdp.unit_parameters) == 5  # 4 blocks and the root's rest
+    assert "fsdp_unit_layout" not in {f.rule for f in findings_of(run, analysis)}
+    # the same run had the script sharded only its root: one unit, nothing overlaps
+    root_only = msgspec.structs.replace(fsdp, units=1, unit_parameters=[sum(fsdp.unit_parameters)])
+    ranks = [
+        msgspec.structs.replace(r, training=msgspec.structs.replace(r.training, fsdp=root_only))
+        for r in run.ranks
+    ]
+    found = {f.rule: f for f in findings_of(msgspec.structs.replace(run, ranks=ranks), analysis)}
+    layout = found["fsdp_unit_layout"]
+    assert "only the root is sharded" in layout.evidence
+    assert layout.figures["largest_unit_share_pct"] == 100.0
 
 
 def test_fsdp_on_one_rank_is_refused_before_launch(tmp_path: Path) -> None:

@@ -422,6 +422,7 @@ def _against_attainable(comp: Comparison, comp_dir: Path, gpus: int) -> None:
 def _link_runs(comp_dir: Path, comp: Comparison) -> None:
     """Each strategy's run.json gets the table under ``analysis["comparison"]`` (and its HTML
     report is re-rendered) so a single run's report shows where it stands among the others."""
+    from mgprof.analyze.findings import evaluate_findings
     from mgprof.records import read_run
     from mgprof.run.finish import write_html_report
 
@@ -430,10 +431,8 @@ def _link_runs(comp_dir: Path, comp: Comparison) -> None:
         run_dir = comp_dir / name
         run = read_run(run_dir)
         analysis = {**(run.analysis or {}), "comparison": table}
-        if comp.precisions:  # the AMP advice cites the measured precision rows
-            from mgprof.analyze.findings import evaluate_findings
-
-            analysis["findings"] = evaluate_findings(run, analysis)
+        # advice that cites the measured rows (AMP, DDP over DataParallel or FSDP) sees them
+        analysis["findings"] = evaluate_findings(run, analysis)
         run = msgspec.structs.replace(run, analysis=analysis)
         rundir.write_run(run_dir, run)
         write_html_report(run_dir, run, analysis)

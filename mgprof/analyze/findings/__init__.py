@@ -1,15 +1,15 @@
 """Findings: advice drawn from a run's analysed figures, each backed by the numbers it rests on.
 
-Each rule is a small function ``(run, figures) -> Finding | None`` over the ``RunRecord`` and the
-typed analysis (``mgprof.analyze.run.schema.RunAnalysis``). A rule fires only on figures that
-were measured: a missing or None figure means "do not know", never "looks bad", so a CPU run or
-a run without traces gets no GPU advice. The rules live in one module per family
-(``learning``, ``strategy``, ``straggler``, ``data``, ``compute``, ``memory``), each with its
-thresholds as named constants and the reason for their values; ``core`` holds the ``Finding``
-type (defined with the analysis schema) and the shared readers, ``fit`` what advice may assume
-about the device and the machine (CPU or GPU, cores per rank, DDP buckets, gradient sync). This
-module fixes the order the rules run in and evaluates them. The rule list and the advice are
-documented in ``docs/findings.md``.
+Each rule is a small function ``(run, figures) -> Finding | None`` over the ``RunRecord`` and
+the typed analysis (``mgprof.analyze.run.schema.RunAnalysis``). A rule fires only on figures
+that were measured: a missing or None figure means "do not know", never "looks bad", so a CPU
+run or a run without traces gets no GPU advice. The rules live in one module per family
+(``learning``, ``strategy``, ``fsdp``, ``straggler``, ``data``, ``compute``, ``memory``), each
+with its thresholds as named constants and the reason for their values; ``core`` holds the
+``Finding`` type (defined with the analysis schema) and the shared readers, ``fit`` what advice
+may assume about the device and the machine (CPU or GPU, cores per rank, DDP buckets, gradient
+sync). This module fixes the order the rules run in and evaluates them. The rule list and the
+advice are documented in ``docs/findings.md``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from mgprof.analyze.findings.core import Severity as Severity
 from mgprof.analyze.findings.data import DATALOADER_HIGH_PCT as DATALOADER_HIGH_PCT
 from mgprof.analyze.findings.data import DATALOADER_SHARE_PCT as DATALOADER_SHARE_PCT
 from mgprof.analyze.findings.data import dataloader_stall, identical_batches, set_epoch_missing
+from mgprof.analyze.findings.fsdp import fsdp_slower_than_ddp, fsdp_unit_layout
 from mgprof.analyze.findings.learning import zero_gradients
 from mgprof.analyze.findings.memory import HEADROOM_CRITICAL_PCT as HEADROOM_CRITICAL_PCT
 from mgprof.analyze.findings.memory import HEADROOM_HIGH_PCT as HEADROOM_HIGH_PCT
@@ -65,6 +66,8 @@ RULES: tuple[Rule, ...] = (
     dataparallel_in_use,
     identical_batches,
     exposed_communication,
+    fsdp_slower_than_ddp,
+    fsdp_unit_layout,
     low_utilisation,
     dataloader_stall,
     fp32_gemms,

@@ -209,6 +209,8 @@ def _comm_advice(run: RunRecord, figures: RunAnalysis, figs: dict[str, Any]) -> 
         ]
         out.fix = ["DistributedDataParallel(model)", "dist.all_reduce(t, async_op=True)"]
         return out
+    if how == "fsdp":
+        return _fsdp_advice(run, out)
     out.cause = (
         "gradients are all-reduced after the backward pass has little compute left to hide "
         "them behind: the per-" + per + " batch is small relative to the model, buckets are "
@@ -234,6 +236,34 @@ def _comm_advice(run: RunRecord, figures: RunAnalysis, figs: dict[str, Any]) -> 
             )
         else:
             out.evidence += " (the gradients fit within one bucket: a bucket size changes nothing)"
+    return out
+
+
+def _fsdp_advice(run: RunRecord, out: _Advice) -> _Advice:
+    """FSDP's communication is per unit: all-gathers before forward and backward, a
+    reduce-scatter after; what hides it is compute per unit and parameters kept gathered."""
+    fsdp = next(iter(_facts(run, "fsdp").values()), None)
+    out.evidence = "; FSDP: parameters all-gathered per unit, gradients reduce-scattered"
+    out.cause = (
+        "FSDP all-gathers each unit's parameters before its forward (and again before its "
+        "backward when they were freed after forward) and reduce-scatters its gradients after; "
+        "the first unit's all-gather has nothing to overlap with, and little compute per unit "
+        "leaves the others exposed too."
+    )
+    out.change = [
+        f"raise the per-{device_word(run)} batch: more compute per all-gather to hide it behind "
+        "(or accumulate gradients over k micro-batches with "
+        "`model.set_requires_gradient_sync(False)` for k-1 of them, FSDP2's no_sync)"
+    ]
+    out.fix = ["model.set_requires_gradient_sync(False)"]
+    reshard = fsdp.reshard_after_forward if fsdp is not None else []
+    if True in reshard:
+        out.change.append(
+            "keep the gathered parameters from forward to backward where memory allows: "
+            "`fully_shard(module, reshard_after_forward=False)` saves the backward all-gather "
+            "(measure it: `mgprof compare script.py --strategies fsdp,fsdp-noreshard`)"
+        )
+        out.fix.append("fully_shard(module, reshard_after_forward=False)")
     return out
 
 

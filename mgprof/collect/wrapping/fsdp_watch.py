@@ -170,11 +170,13 @@ def _settings(modules: list[Any]) -> FsdpRecord:
     param_dtype = reduce_dtype = None
     mesh: list[int] | None = None
     units = []
+    sizes: list[int] = []
     for module in modules:
         group = module._get_fsdp_state()._fsdp_param_group
         if group is None:  # a root holding no parameters of its own
             continue
         units.append(module)
+        sizes.append(sum(int(fp._orig_size.numel()) for fp in group.fsdp_params))
         reshard.add(group.post_forward_mesh_info is not None)
         policy = group.mp_policy
         param_dtype = param_dtype or _dtype(policy.param_dtype)
@@ -190,6 +192,7 @@ def _settings(modules: list[Any]) -> FsdpRecord:
         reduce_dtype=reduce_dtype,
         mesh_shape=mesh,
         world=None if mesh is None else _product(mesh),
+        unit_parameters=sorted(sizes, reverse=True),
     )
 
 
