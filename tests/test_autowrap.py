@@ -146,6 +146,22 @@ def test_auto_wrapped_runs_are_labelled_so() -> None:
     assert strategy_label(run, sync) == "ddp (auto-wrapped)"
 
 
+@pytest.mark.parametrize(
+    ("strategy", "facts", "label"),
+    [
+        # --strategy fsdp on a script that wraps DDP itself: what ran was the script's DDP
+        ("fsdp", {"ddp_sync_forwards": 5}, "ddp (the script's own; launched as fsdp)"),
+        ("fsdp", {"fsdp_forwards": 5}, "fsdp (the script's own FSDP)"),
+        ("ddp", {"fsdp_forwards": 5}, "fsdp (the script's own; launched as ddp)"),
+    ],
+)
+def test_what_ran_names_the_strategy_not_the_flag(
+    strategy: str, facts: dict[str, int], label: str
+) -> None:
+    run = RunRecord(strategy=strategy, world_size=2, ranks=[_rank(r, **facts) for r in (0, 1)])
+    assert strategy_label(run, grad_sync(run)) == label
+
+
 def test_single_and_one_device_dp_need_no_sync() -> None:
     single = RunRecord(strategy="single", world_size=1, ranks=[_rank(0)])
     assert grad_sync(single).status == "not applicable"

@@ -133,6 +133,8 @@ def strategy_label(run: RunRecord, sync: GradSync) -> str:
         return f"{run.strategy} (partly unsynchronised)"
     if sync.auto_wrap and sync.auto_wrap.wrapper:
         return f"{run.strategy} (auto-wrapped)"
+    if sync.how == "ddp" and run.strategy.startswith("fsdp"):
+        return f"ddp (the script's own; launched as {run.strategy})"
     if sync.how == "fsdp":
         if run.strategy.startswith("fsdp"):
             return f"{run.strategy} (the script's own FSDP)"

@@ -397,15 +397,17 @@ class AutoWrap:
             self._note("auto_wrap", self.record)
         if wrapping and reason is not None and reason != _SELF_WRAPPED and wrapper is None:
             emit_line(f"mgprof auto-wrap: nothing wrapped: {reason}")
+        own = self_wrapped or (module if reason == _SELF_WRAPPED else None)
         if (
             wrapping
             and self.strategy in ("fsdp", "fsdp-noreshard")
-            and self_wrapped is not None
-            and not _is_fsdp(self_wrapped)
+            and own is not None
+            and not _is_fsdp(own)
+            and os.environ.get("RANK", "0") == "0"  # one line for the job, not one per rank
         ):
             emit_line(
                 f"mgprof: --strategy {self.strategy}: the script wraps its model in "
-                f"{type(self_wrapped).__name__} itself, so nothing was sharded; measure it "
+                f"{type(own).__name__} itself, so nothing was sharded; measure it "
                 "with --strategy ddp, or let mgprof wrap an unwrapped model"
             )
         self.uninstall()
