@@ -36,7 +36,11 @@
 #                 (DataParallel carries autocast into its replica threads)
 #   fsdp          a script's own FSDP2 (fully_shard) on CUDA over NCCL: run.json grad_sync how
 #                 "fsdp", training.fsdp with its units and mesh; fsdp1: the same for an FSDP1
-#                 script (FullyShardedDataParallel needs an accelerator: CPU cannot test it)
+#                 script (FullyShardedDataParallel needs an accelerator: CPU cannot test it);
+#                 fsdp-trace: `mgprof trace` of that run's rank-0 trace, its per-unit/phase table
+#                 read from NCCL all-gather/reduce-scatter kernels; fsdp-compare (2+ GPUs: NCCL
+#                 needs a GPU per rank): `--strategies ddp,fsdp,fsdp-noreshard` on an unmodified
+#                 script, CUDA memory per rank and the model state FSDP shards
 #   fixtures      ../shared/gpu/capture_fixtures.py: NVML facts and small CUDA traces
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -110,6 +114,14 @@ check fsdp 180 bash -c 'python3 -m mgprof analyze tests/scripts/fsdp2_blocks.py 
   --out "$0/fsdp" -- --dim 1024 && python3 -c "$2" "$0/fsdp"' "$OUT" "$GPUS" "$FSDP_CHECK"
 check fsdp1 180 bash -c 'python3 -m mgprof analyze tests/scripts/fsdp1_wrap.py --gpus "$1" --quiet \
   --out "$0/fsdp1" && python3 -c "$2" "$0/fsdp1"' "$OUT" "$GPUS" "$FSDP_CHECK"
+check fsdp-trace 120 bash -c 'python3 -m mgprof trace "$(ls "$0"/fsdp/*/traces/* | head -1)"' "$OUT"
+if [ "$GPUS" -ge 2 ]; then
+  check fsdp-compare 420 python3 -m mgprof compare tests/scripts/plain_blocks.py --gpus 2 \
+    --strategies ddp,fsdp,fsdp-noreshard --rounds 1 --steps 6 --out "$OUT/fsdp-compare" \
+    -- --steps 200
+else
+  echo "fsdp-compare: skipped (FSDP rows need 2+ GPUs under NCCL; $GPUS visible)" >>"$SUMMARY"
+fi
 if [ "$GPUS" -ge 2 ]; then
   check bandwidth 180 python3 -m mgprof doctor --bandwidth --gpus "$GPUS" --sizes 1M,64M --json
 else

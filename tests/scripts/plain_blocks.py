@@ -40,20 +40,21 @@ def main() -> None:
     parser.add_argument("--save", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = Net()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = Net().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     rank = int(os.environ.get("RANK", 0))
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data, as a sampler gives
     for _ in range(args.steps):
-        x = torch.randn(32, 16, generator=gen)
-        y = torch.randn(32, 1, generator=gen)
+        x = torch.randn(32, 16, generator=gen).to(device)
+        y = torch.randn(32, 1, generator=gen).to(device)
         loss = ((model(x) - y) ** 2).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     if args.save:
         full = {
-            k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
             for k, v in model.state_dict().items()
         }
         name = f"{os.environ.get('MGPROF_STRATEGY', 'single')}-rank{rank}.pt"
