@@ -138,6 +138,7 @@ def run_probe(
         out = Path(tmp) / "bandwidth.json"
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--local-addr=127.0.0.1",  # not the host name: it may map to 127.0.1.1 (launcher)
             f"--nproc-per-node={ranks}", "-m", "mgprof.run.bandwidth_probe",
             "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),
             "--warmup", str(warmup), "--out", str(out),

@@ -258,7 +258,9 @@ def worker_command(config: LaunchConfig, p: Plan) -> list[str]:
         return boot
     cmd = [*entry.python_command("torchrun"), f"--nproc-per-node={p.nproc_per_node}"]
     if config.nnodes == 1 and not config.rdzv_endpoint:
-        cmd.append("--standalone")
+        # --local-addr: the workers reach the store torchrun hosts on loopback by this address,
+        # not by the host name (Debian and Ubuntu map it to 127.0.1.1, where nothing listens)
+        cmd += ["--standalone", "--local-addr=127.0.0.1"]
     else:
         cmd += [
             f"--nnodes={config.nnodes}",
