@@ -220,3 +220,25 @@ def test_fsdp_on_one_rank_is_refused_before_launch(tmp_path: Path) -> None:
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "needs at least 2" in proc.stderr
     assert not list(tmp_path.iterdir())  # nothing launched, nothing written
+
+
+def test_exposed_comm_advice_on_fsdp_cites_the_phases(trained: dict[str, Path]) -> None:
+    from mgprof.analyze.findings.strategy import _comm_advice, _fsdp_phases
+    from mgprof.analyze.run.schema import decode_analysis
+    from mgprof.records import read_run
+
+    run = read_run(trained["fsdp"])
+    analysis = decode_analysis(run.analysis or {})
+    figs: dict[str, object] = {"rank": 0}
+    phases = _fsdp_phases(analysis, figs)
+    assert {"forward_all_gather", "post_backward_reduce_scatter"} <= set(phases), phases
+    (summary,) = analysis.traces.ranks["0"]
+    exposed_ms = summary.totals.exposed_comm_us / 1000.0 / len(summary.steps)
+    listed = sum(v for k, v in phases.items() if k != "first_all_gather")
+    assert listed <= exposed_ms * 1.001  # the phases are parts of the rank's exposed comm
+    assert phases["first_all_gather"] <= phases["forward_all_gather"] + 1e-9
+    advice = _comm_advice(run, analysis, dict(figs))
+    assert "exposed per traced step: forward all-gather" in advice.evidence
+    assert "model.no_sync()" not in " ".join(advice.change)  # DDP's advice is not FSDP's
+    assert any("reshard_after_forward=False" in c for c in advice.change)
+    assert "model.set_requires_gradient_sync(False)" in advice.fix

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from mgprof.analyze.findings.core import Finding, _facts, _mean_step_ms, _rank_list, finding_id
+from mgprof.analyze.findings.core import (
+    Finding,
+    _facts,
+    _mean_step_ms,
+    _rank_list,
+    _trace_summaries,
+    finding_id,
+)
 from mgprof.analyze.findings.fit import ddp_buckets, device_word, grad_sync_status
 from mgprof.analyze.run.schema import ComparisonRow, RunAnalysis, given
 from mgprof.analyze.stats import percentile
@@ -210,7 +217,7 @@ def _comm_advice(run: RunRecord, figures: RunAnalysis, figs: dict[str, Any]) -> 
         out.fix = ["DistributedDataParallel(model)", "dist.all_reduce(t, async_op=True)"]
         return out
     if how == "fsdp":
-        return _fsdp_advice(run, out)
+        return _fsdp_advice(run, out, _fsdp_phases(figures, figs))
     out.cause = (
         "gradients are all-reduced after the backward pass has little compute left to hide "
         "them behind: the per-" + per + " batch is small relative to the model, buckets are "
@@ -239,11 +246,57 @@ def _comm_advice(run: RunRecord, figures: RunAnalysis, figs: dict[str, Any]) -> 
     return out
 
 
-def _fsdp_advice(run: RunRecord, out: _Advice) -> _Advice:
+FSDP_PHASE_WORDS = {
+    "forward_all_gather": "forward all-gather",
+    "backward_all_gather": "backward all-gather",
+    "post_backward_reduce_scatter": "reduce-scatter",
+    "other": "other FSDP collectives",
+}
+
+
+def _fsdp_phases(figures: RunAnalysis, figs: dict[str, Any]) -> dict[str, float]:
+    """Exposed milliseconds per traced step by FSDP phase, on the rank the finding names
+    (``figs["rank"]``), from the trace's per-unit table; the first all-gather of each step
+    (nothing to overlap with) apart as ``first_all_gather``."""
+    rank = figs.get("rank")
+    summaries = _trace_summaries(figures, rank) if isinstance(rank, int) else []
+    out: dict[str, float] = {}
+    steps = 0
+    for summary in summaries:
+        fsdp = summary.fsdp
+        if fsdp is None:
+            continue
+        steps += max(1, len(summary.steps))
+        for row in fsdp.rows:
+            if row.exposed_us is not None:
+                out[row.phase] = out.get(row.phase, 0.0) + row.exposed_us / 1000.0
+        first = fsdp.first_all_gather
+        if first is not None and first.exposed_us is not None:
+            out["first_all_gather"] = out.get("first_all_gather", 0.0) + first.exposed_us / 1000.0
+    if not steps:
+        return {}
+    per_step = {k: v / steps for k, v in out.items()}
+    figs["fsdp_exposed_ms_per_step"] = per_step
+    return per_step
+
+
+def _fsdp_advice(run: RunRecord, out: _Advice, phases: dict[str, float]) -> _Advice:
     """FSDP's communication is per unit: all-gathers before forward and backward, a
     reduce-scatter after; what hides it is compute per unit and parameters kept gathered."""
     fsdp = next(iter(_facts(run, "fsdp").values()), None)
     out.evidence = "; FSDP: parameters all-gathered per unit, gradients reduce-scattered"
+    if phases:
+        parts = [
+            f"{word} {phases[key]:,.2f} ms"
+            for key, word in FSDP_PHASE_WORDS.items()
+            if phases.get(key)
+        ]
+        first = phases.get("first_all_gather")
+        if first:
+            parts.append(
+                f"of which each step's first all-gather {first:,.2f} ms (nothing to overlap)"
+            )
+        out.evidence += "; exposed per traced step: " + ", ".join(parts)
     out.cause = (
         "FSDP all-gathers each unit's parameters before its forward (and again before its "
         "backward when they were freed after forward) and reduce-scatters its gradients after; "
@@ -257,13 +310,34 @@ def _fsdp_advice(run: RunRecord, out: _Advice) -> _Advice:
     ]
     out.fix = ["model.set_requires_gradient_sync(False)"]
     reshard = fsdp.reshard_after_forward if fsdp is not None else []
+    backward = phases.get("backward_all_gather")
     if True in reshard:
+        saving = (
+            f" (its exposed backward all-gathers: {backward:,.2f} ms per step)" if backward else ""
+        )
         out.change.append(
             "keep the gathered parameters from forward to backward where memory allows: "
-            "`fully_shard(module, reshard_after_forward=False)` saves the backward all-gather "
-            "(measure it: `mgprof compare script.py --strategies fsdp,fsdp-noreshard`)"
+            "`fully_shard(module, reshard_after_forward=False)` skips the backward all-gather"
+            f"{saving}; measure it: `mgprof compare script.py --strategies fsdp,fsdp-noreshard`"
         )
         out.fix.append("fully_shard(module, reshard_after_forward=False)")
+    exposed = sum(v for k, v in phases.items() if k != "first_all_gather")
+    forward = phases.get("forward_all_gather", 0.0) - phases.get("first_all_gather", 0.0)
+    if forward > 0 and forward >= 0.5 * exposed:
+        out.change.append(
+            "prefetch more forward all-gathers: `model.layers[i].set_modules_to_forward_prefetch("
+            "[model.layers[i + 1], model.layers[i + 2]])` (FSDP2 prefetches one unit ahead by "
+            f"default; {forward:,.2f} ms per step of forward all-gather after the first is exposed)"
+        )
+        out.fix.append("set_modules_to_forward_prefetch")
+    scatter = phases.get("post_backward_reduce_scatter")
+    if scatter and scatter >= 0.5 * exposed:
+        out.change.append(
+            f"the reduce-scatters are the exposed part ({scatter:,.2f} ms per step): the last "
+            "units' gradients are reduced after the backward has no compute left; more compute "
+            "per step (batch) or gradient accumulation with set_requires_gradient_sync(False) "
+            "spreads them"
+        )
     return out
 
 
