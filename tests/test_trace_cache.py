@@ -217,9 +217,9 @@ def test_default_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     c = default_cache()
     assert c is not None and c.folder == tmp_path / "xdg" / "mgprof" / "trace-summaries"
-    monkeypatch.setenv("MGPROF_CACHE_DIR", str(tmp_path / "team-cache"))
-    c = default_cache()
-    assert c is not None and c.folder == tmp_path / "team-cache" and not c.private
+    monkeypatch.setenv("MGPROF_CACHE_DIR", str(tmp_path / "my-caches"))
+    c = default_cache()  # a folder of the user's: the cache keeps to its own folder inside it
+    assert c is not None and c.folder == tmp_path / "my-caches" / "mgprof-trace-summaries"
     monkeypatch.setenv("MGPROF_NO_CACHE", "1")
     assert default_cache() is None
     monkeypatch.setenv("MGPROF_NO_CACHE", "0")
@@ -235,10 +235,12 @@ def test_private_cache_files_are_private(job: list[Path], tmp_path: Path) -> Non
 
 
 def test_prune_removes_old_entries_only(tmp_path: Path) -> None:
-    cache = TraceCache(tmp_path)
-    old = tmp_path / "e" / "ab" / "old.msgpack"
-    new = tmp_path / "e" / "cd" / "new.msgpack"
-    mine = tmp_path / "e" / "notes.txt"
+    cache = TraceCache(tmp_path / "cache")
+    assert cache.usable()  # created, with its marker
+    engine = cache.folder / ("0" * 16)
+    old = engine / "ab" / f"{'ab' * 20}.msgpack"
+    new = engine / "cd" / f"{'cd' * 20}.msgpack"
+    mine = engine / "notes.txt"
     for p in (old, new, mine):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"x")
