@@ -11,6 +11,7 @@ found there ("is a FIFO", "is a character device", ...), never "no such file".
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import stat
@@ -128,10 +129,8 @@ def record_size_limit(error: type[UsageError] = UsageError) -> int:
         return MAX_RECORD_BYTES
     try:
         return parse_size(raw)
-    except ValueError:
-        raise error(
-            f"{MAX_RECORD_ENV}={raw!r} is not a size; set it like 1G, 512M or a byte count"
-        ) from None
+    except ValueError as exc:
+        raise error(f"{MAX_RECORD_ENV}: {exc}; set it like 1G, 512M or a byte count") from None
 
 
 def read_regular(
@@ -198,15 +197,29 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 
 def parse_size(text: str) -> int:
     """Bytes from ``4G``, ``512M``, ``1.5GiB``, ``300k`` or a plain byte count (binary units).
 
-    ValueError when the text is not a size or is zero.
+    ValueError when the text is not a size, is zero, or is beyond ``MAX_SIZE`` (1 PiB: no
+    file or buffer mgprof bounds comes near it, and a larger number would overflow the
+    integers it reaches).
     """
     m = _SIZE_RE.fullmatch(text)
     if m is None:
         raise ValueError(f"{text!r} is not a size (use e.g. 4G, 512M or a byte count)")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    scaled = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(scaled) or scaled > MAX_SIZE:
+        raise ValueError(f"{_short(text)} is larger than the most allowed, 1 PiB")
+    value = int(scaled)
     if value <= 0:
-        raise ValueError(f"{text!r} is not a size above zero")
+        raise ValueError(f"{_short(text)} is not a size above zero")
     return value
+
+
+MAX_SIZE = 1 << 50
+"""1 PiB: the largest size ``parse_size`` accepts."""
+
+
+def _short(text: str) -> str:
+    """The text as quoted in a message, cut when it is long (400 nines)."""
+    return repr(text if len(text) <= 40 else text[:20] + "…" + text[-8:])
 
 
 def format_size(nbytes: int) -> str:

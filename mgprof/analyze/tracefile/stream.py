@@ -51,10 +51,8 @@ def trace_size_limit() -> tuple[int, bool]:
         return DEFAULT_MAX_TRACE_BYTES, False
     try:
         return parse_size(raw), True
-    except ValueError:
-        raise TraceError(
-            f"{MAX_TRACE_ENV}={raw!r} is not a size; set it like 8G, 512M or a byte count"
-        ) from None
+    except ValueError as exc:
+        raise TraceError(f"{MAX_TRACE_ENV}: {exc}; set it like 8G, 512M or a byte count") from None
 
 
 class _Bounded:

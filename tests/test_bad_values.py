@@ -1,0 +1,60 @@
+"""A value no one means (400 nines, 1e308) is one line and exit 2, never a traceback and never
+a silently wrong result (reproducers from the reliability probe)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _data import TRACES
+
+from mgprof import rundir
+from mgprof.records import RunRecord
+from mgprof.safe_read import MAX_SIZE, parse_size
+
+NINES = "9" * 400
+TRACE_FOLDER = TRACES / "cpu-gloo-ddp-mlp-2ranks"
+
+
+def _mgprof(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mgprof", *args],
+        env={**os.environ, "MGPROF_NO_CACHE": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert len(lines[0]) < 300  # the 400 digits are not echoed back
+    return lines[0]
+
+
+@pytest.mark.parametrize("text", [NINES, "999999999999G", "2P", "inf", "1e308"])
+def test_sizes_beyond_a_petabyte_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_size(text)
+    assert parse_size("1P") == MAX_SIZE
+
+
+def test_a_huge_trace_size_flag_or_variable_is_one_line() -> None:
+    line = _one_line(_mgprof("trace", str(TRACE_FOLDER), "--max-trace-size", NINES))
+    assert "--max-trace-size" in line and "1 PiB" in line
+    line = _one_line(_mgprof("trace", str(TRACE_FOLDER), MGPROF_MAX_TRACE_BYTES=NINES))
+    assert "MGPROF_MAX_TRACE_BYTES" in line
+
+
+def test_a_huge_record_size_variable_is_one_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rundir.write_run(run_dir, RunRecord(strategy="single", world_size=1))
+    line = _one_line(_mgprof("report", str(run_dir), MGPROF_MAX_RECORD_BYTES=NINES))
+    assert "MGPROF_MAX_RECORD_BYTES" in line
