@@ -414,9 +414,18 @@ def decode_run(data: bytes, source: str = "run.json") -> RunRecord:
     if version < 1:
         raise RunRecordError(f"{source}: unknown schema_version {version}")
     try:
-        return msgspec.convert(head, RunRecord)
+        run = msgspec.convert(head, RunRecord)
     except msgspec.ValidationError as exc:
         raise RunRecordError(f"{source} does not match the run.json schema: {exc}") from None
+    seen: set[int] = set()
+    for rank in run.ranks:
+        if rank.rank in seen:
+            raise RunRecordError(
+                f"{source} holds rank {rank.rank}'s record twice: it was edited or merged by "
+                "hand; keep one record per rank"
+            )
+        seen.add(rank.rank)
+    return run
 
 
 def read_run(path: str | Path) -> RunRecord:

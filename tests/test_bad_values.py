@@ -58,3 +58,14 @@ def test_a_huge_record_size_variable_is_one_line(tmp_path: Path) -> None:
     rundir.write_run(run_dir, RunRecord(strategy="single", world_size=1))
     line = _one_line(_mgprof("report", str(run_dir), MGPROF_MAX_RECORD_BYTES=NINES))
     assert "MGPROF_MAX_RECORD_BYTES" in line
+
+
+def test_a_run_json_with_a_rank_twice_is_one_line(tmp_path: Path) -> None:
+    from mgprof.records import RankRecord
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    twice = [RankRecord(rank=0, world_size=2), RankRecord(rank=0, world_size=2)]
+    rundir.write_run(run_dir, RunRecord(strategy="ddp", world_size=2, ranks=twice))
+    line = _one_line(_mgprof("report", str(run_dir)))
+    assert "rank 0's record twice" in line
