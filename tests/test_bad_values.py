@@ -69,3 +69,21 @@ def test_a_run_json_with_a_rank_twice_is_one_line(tmp_path: Path) -> None:
     rundir.write_run(run_dir, RunRecord(strategy="ddp", world_size=2, ranks=twice))
     line = _one_line(_mgprof("report", str(run_dir)))
     assert "rank 0's record twice" in line
+
+
+def test_a_lone_surrogate_in_one_name_does_not_refuse_the_trace(tmp_path: Path) -> None:
+    from mgprof.analyze.tracefile.load import load_trace
+
+    src = sorted((TRACES / "gpu-v100-single").glob("*.json*"))[0]
+    import gzip
+    import json
+
+    data = json.loads(gzip.decompress(src.read_bytes()) if src.suffix == ".gz" else src.read_text())
+    kernel = next(e for e in data["traceEvents"] if e.get("cat") == "kernel")
+    kernel["name"] = "odd\ud800kernel"
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(data, ensure_ascii=True))  # the escape as a profiler writes it
+    load_trace(path)  # raised "not valid JSON (... surrogate ...)" before
+    proc = _mgprof("trace", "--json", "--top", "200", str(path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "odd\\\\ud800kernel" in proc.stdout  # shown as text, escaped, in the JSON

@@ -31,6 +31,7 @@ GEMM/conv FLOP estimates in :mod:`~mgprof.analyze.tracefile.flop_estimate` and t
 
 from __future__ import annotations
 
+import re
 import zlib
 from pathlib import Path
 
@@ -151,11 +152,28 @@ def load_trace(path: str | Path, processes: int = 1) -> RankTrace:
         ) from None
 
 
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<![0-9a-fA-F]{2})(?<!\\u[dD][89abAB])\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+"""A ``\\uD800``-``\\uDFFF`` escape that is not half of a pair: valid JSON, but no string can
+hold it, so the decoder refuses the whole trace."""
+
+
+def _escape_lone_surrogates(raw: bytes) -> bytes:
+    """``raw`` with each lone surrogate escape written as its text (``\\ud800`` shows as
+    ``\ud800``): one odd kernel name must not refuse the trace (the fallback path only: the
+    streaming decode of a trace without one never comes here)."""
+    if b"\\u" not in raw:
+        return raw
+    return _LONE_SURROGATE.sub(lambda m: b"\\" + m.group(0), raw)
+
+
 def _load(p: Path) -> RankTrace:
     streamed = _load_streaming(p)
     if streamed is not None:
         return streamed
-    raw = _read_bytes(p)
+    raw = _escape_lone_surrogates(_read_bytes(p))
     outline: _TraceOutline | None
     try:
         outline = msgspec.json.decode(raw, type=_TraceOutline)
