@@ -84,7 +84,10 @@ def region(name: str) -> Iterator[None]:
     """A named region: shows in traces (record_function) and in the report's region timings.
 
     Regions nest: one opened inside another is reported under it (``forward / attention``).
+    A name that is not a non-empty string is misuse: one short ValueError at the ``with``.
     """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"mgprof.region(name): name must be a non-empty string, got {name!r:.40}")
     session = active_session()
     start = None
     path: tuple[str, ...] = ()

@@ -395,4 +395,7 @@ class DeliveryMixin:
         """Remove this session's staging folder (its traces are delivered or lost by now)."""
         staging, self._staging = self._staging, None
         if staging is not None:
-            staging.close()
+            try:
+                staging.close()
+            except Exception as exc:  # fail open: a folder left behind, never the training
+                self.failopen.report("staging", exc)

@@ -19,6 +19,7 @@ beside it: ``steps`` (what ``step`` returns, and reading closed steps and region
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -134,8 +135,12 @@ class Session(StepRecordsMixin, DeliveryMixin):
             with_flops=with_flops,
             with_stack=with_stack,
         )
-        if sample_interval_s <= 0:
-            raise ValueError(f"sample_interval_s must be > 0, got {sample_interval_s}")
+        if not isinstance(sample_interval_s, (int, float)) or not (
+            math.isfinite(sample_interval_s) and sample_interval_s > 0
+        ):
+            raise ValueError(
+                f"sample_interval_s must be a number of seconds above 0, got {sample_interval_s!r}"
+            )
         self.out = out
         self.name = name
         self.sample = sample
@@ -153,7 +158,7 @@ class Session(StepRecordsMixin, DeliveryMixin):
         self._steps: list[PendingStep] = []
         self._done_steps: list[StepRecord] = []
         self._regions: list[tuple[tuple[str, ...], Mark, Mark]] = []
-        self._region_stats = RegionStats()
+        self._region_stats: RegionStats  # made below, where a failure turns the session off
         self._mode: str | None = None
         self._pending_first: StepHandle | None = None
         self._boundary: Mark | None = None
@@ -171,12 +176,19 @@ class Session(StepRecordsMixin, DeliveryMixin):
         self._writer: TraceWriter | None = None
         self._cuda_indices: list[int] = []
         self._info: RankInfo | None = None
-        self._clock = Clock(use_cuda=False)
-        self._progress = ProgressFile(None, 0)
+        self._clock: Any = None
+        self._progress: Any = None
         self._auto_batch: int | None = None
         self._auto_fp: PendingFingerprint | None = None
         self._untrained_samples = 0
         self._memory: MemoryHistory | None = None
+        try:  # fail open: a part that cannot be made turns the session off, not the training
+            self._region_stats = RegionStats()
+            self._clock = Clock(use_cuda=False)
+            self._progress = ProgressFile(None, 0)
+        except Exception as exc:
+            self.enabled = False
+            self.failopen.report("profile", exc)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -202,6 +214,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
     def start(self) -> Session:
         """Begin timing, sampling and the trace schedule. Returns self. Never raises: a part that
         cannot start is one warning and a note, and the training goes on without it."""
+        if not self.enabled:  # a part could not be made: the training runs unmeasured
+            return self
         try:
             self._start()
         except Exception as exc:  # the last line of defence: never break the training
@@ -330,6 +344,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
         The batch gives the batch size (leading dim of its first tensor) unless ``batch_size``
         is given, and a cheap fingerprint during the first steps.
         """
+        if batch_size is not None:
+            check_batch_size(batch_size)  # misuse: one short error at the call, every time
         if not self._running:
             return NULL_STEP
         try:
@@ -535,6 +551,23 @@ class Session(StepRecordsMixin, DeliveryMixin):
                 if _active is self:
                     _active = None
         return run
+
+
+MAX_BATCH_SIZE = 1 << 40
+"""No step trains more samples than this: a larger ``batch_size`` is a mistake, not a batch."""
+
+
+def check_batch_size(value: Any) -> None:
+    """``prof.step(batch_size=...)``: a whole number of samples from 1 to ``MAX_BATCH_SIZE``,
+    else ValueError (a string, 1.5, -5 or 10**40 once wrote a run.json that report refused, a
+    negative throughput or a 45-digit one)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"mgprof: batch_size must be a whole number of samples, got {type(value).__name__} "
+            f"{str(value)[:40]!r}"
+        )
+    if not 1 <= value <= MAX_BATCH_SIZE:
+        raise ValueError(f"mgprof: batch_size must be between 1 and 2**40, got {str(value)[:40]}")
 
 
 # -- module-level conveniences ---------------------------------------------------------------
