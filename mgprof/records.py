@@ -169,6 +169,8 @@ class TrainingFacts(Struct):
     """The script's FSDP units and settings (None: no FSDP)."""
     model_state: ModelStateRecord | None = None
     """Parameters, gradients and optimizer state on this rank after the first update."""
+    compile: CompileRecord | None = None
+    """What ``torch.compile`` compiled in this process (None: nothing)."""
     grad_check_updates: list[int] | None = None
     """Optimizer updates (0-based, per optimizer) whose gradients were checked
     (``mgprof.collect.grad_check``: the first few, then one in 64)."""
@@ -197,6 +199,26 @@ class AutoWrapRecord(Struct):
     """Why nothing was wrapped (the script wraps itself, no optimizer, ...)."""
     optimizer_params_repointed: int | None = None
     """``fsdp``: optimizer parameter entries pointed at FSDP's sharded parameters."""
+    compile_order: str | None = None
+    """A compiled model: ``compile(ddp(model))`` when mgprof compiled the DDP wrapper with
+    the script's options, ``ddp(compiled)`` when it could only wrap the compiled module."""
+
+
+class CompileRecord(Struct):
+    """What ``torch.compile`` did in one rank's process, from dynamo's own counters
+    (``mgprof.collect.wrapping.compile_watch``)."""
+
+    graphs: int
+    """Distinct graphs dynamo compiled (``unique_graphs``)."""
+    graph_breaks: int
+    """Graph breaks: places dynamo stopped a graph and fell back to Python."""
+    break_reasons: list[str] = msgspec.field(default_factory=list)
+    """The most frequent break reasons, ``"3x <reason>"``."""
+    frames_ok: int | None = None
+    frames_total: int | None = None
+    """Python frames dynamo converted / looked at."""
+    recompiles: int | None = None
+    """Recompilations (guard failures), when dynamo counted them."""
 
 
 class ModelStateRecord(Struct):

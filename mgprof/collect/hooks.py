@@ -26,7 +26,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from mgprof.collect import grad_check, model_state
 from mgprof.collect.failopen import report as _report
-from mgprof.collect.wrapping import fsdp_watch
+from mgprof.collect.wrapping import compile_watch, fsdp_watch
 from mgprof.records import TrainingFacts
 
 
@@ -62,6 +62,10 @@ def training_facts() -> TrainingFacts:
         facts["fsdp_forwards"] = fsdp_watch.forwards()
         facts["fsdp"] = fsdp_watch.settings()
     facts["model_state"] = model_state.read()
+    try:
+        facts["compile"] = compile_watch.record()
+    except Exception as exc:
+        _report("compile counters", exc)
     updates, norms, nonfinite = grad_check.read()
     if updates:
         facts["grad_check_updates"], facts["grad_norms"] = updates, norms
@@ -382,6 +386,10 @@ def install(session: Observer | None) -> None:
             _patch_fsdp()
         except Exception as exc:
             _report("FSDP hook", exc)
+    try:
+        compile_watch.patch()
+    except Exception as exc:
+        _report("compile hook", exc)
     _BaseDataLoaderIter.__next__ = _timed_next  # type: ignore[method-assign]
     DistributedSampler.set_epoch = _set_epoch  # type: ignore[method-assign]
     torch.autocast.__enter__ = _autocast_enter  # type: ignore[method-assign]
@@ -413,3 +421,4 @@ def uninstall(session: Observer) -> None:
     if "all_reduce" in _originals:
         torch.distributed.all_reduce = _originals.pop("all_reduce")
     _unpatch_fsdp()
+    compile_watch.unpatch()

@@ -40,6 +40,7 @@ from torch import nn
 
 from mgprof.collect.batchinfo import forward_samples
 from mgprof.collect.failopen import emit_line
+from mgprof.collect.wrapping import compile_watch
 from mgprof.records import AutoWrapRecord
 
 AUTO_WRAP_ENV = "MGPROF_AUTO_WRAP"
@@ -143,6 +144,8 @@ class AutoWrap:
         self.record: AutoWrapRecord | None = None
         self._initialized_pg = False
         self._repointed: int | None = None
+        self._ddp: nn.Module | None = None
+        self._compile_order: str | None = None
         self.wrapped: list[nn.Module] = []
 
     # -- installation -------------------------------------------------------------------------
@@ -347,12 +350,28 @@ class AutoWrap:
         if not dist.is_initialized():
             _init_process_group("nccl" if where.type == "cuda" else "gloo")
             self._initialized_pg = True
+        inner: nn.Module = module
+        options = None
+        why_not = None
+        if compile_watch.is_compiled(module):
+            options = compile_watch.options_of(module)
+            why_not = compile_watch.why_not_around_ddp(module, options)
+            if why_not is None:  # compile(DDP(model)), as PyTorch advises, not DDP(compiled)
+                inner = getattr(module, "_orig_mod")  # noqa: B009 (dynamo's attribute, untyped)
         if where.type == "cuda":
-            ddp = DistributedDataParallel(module, device_ids=[where.index])
+            ddp = DistributedDataParallel(inner, device_ids=[where.index])
         else:
-            ddp = DistributedDataParallel(module)
+            ddp = DistributedDataParallel(inner)
         enable_sync_ab(ddp)
-        return ddp, None
+        self._ddp = ddp
+        wrapped: nn.Module = ddp
+        if compile_watch.is_compiled(module):
+            if why_not is not None or options is None:
+                self._compile_order = f"ddp(compiled): {why_not}"
+            else:
+                self._compile_order = "compile(ddp(model)) with the script's compile options"
+                wrapped = compile_watch.compile_again(ddp, options)
+        return wrapped, None
 
     def _build_dp(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
         from mgprof.collect.wrapping.wrap import _gpu_limit
@@ -387,10 +406,11 @@ class AutoWrap:
                 wrapper=kind,
                 module_class=_script_class(target),
                 parameters=_global_numel(target),
-                bucket_cap_mb=_bucket_cap_mb(wrapper) if kind == "ddp" else None,
+                bucket_cap_mb=_bucket_cap_mb(self._ddp or wrapper) if kind == "ddp" else None,
                 devices=list(getattr(wrapper, "device_ids", None) or []),
                 initialized_process_group=self._initialized_pg,
                 optimizer_params_repointed=self._repointed if kind == "fsdp" else None,
+                compile_order=self._compile_order,
             )
         wrapping = self.wrap and self.strategy in ("ddp", "dp", "fsdp", "fsdp-noreshard")
         if self._note is not None and wrapping:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from mgprof.analyze.run.grad_sync import GradSync
 from mgprof.analyze.run.precision import setting_label
 from mgprof.analyze.run.schema import PrecisionAnalysis, RunAnalysis, given
-from mgprof.records import FsdpRecord, RunRecord
+from mgprof.records import CompileRecord, FsdpRecord, RunRecord
 from mgprof.report.run.section_model import Section, Table
 
 
@@ -32,6 +32,9 @@ def setup_section(run: RunRecord, analysis: RunAnalysis) -> Section:
     fsdp = next((r.training.fsdp for r in run.ranks if r.training.fsdp is not None), None)
     if fsdp is not None:
         sec.facts.append(("FSDP", fsdp_text(fsdp)))
+    compiled = next((r.training.compile for r in run.ranks if r.training.compile), None)
+    if compiled is not None:
+        sec.facts.append(("torch.compile", compile_text(compiled)))
     precision = given(analysis.precision)
     if precision is not None:
         sec.facts.append(("precision", _precision_fact(precision)))
@@ -98,6 +101,8 @@ def _sync_facts(sync: GradSync, samplers: bool = False) -> list[tuple[str, str]]
             extra.append("devices " + ",".join(str(d) for d in wrap.devices))
         if wrap.initialized_process_group:
             extra.append("process group initialised by mgprof")
+        if wrap.compile_order:
+            extra.append(f"compiled as {wrap.compile_order}")
         tail = f"; {', '.join(extra)}" if extra else ""
         facts.append(("auto-wrap", f"{what} under {how}{tail} (--no-auto-wrap turns it off)"))
         if wrap.wrapper in ("ddp", "fsdp") and not samplers:
@@ -111,6 +116,18 @@ def _sync_facts(sync: GradSync, samplers: bool = False) -> list[tuple[str, str]]
     elif wrap is not None and wrap.reason:
         facts.append(("auto-wrap", f"nothing wrapped: {wrap.reason}"))
     return facts
+
+
+def compile_text(c: CompileRecord) -> str:
+    """``4 graphs, 2 graph breaks (top: 2x ...), 40/42 frames (rank 0's dynamo counters)``."""
+    text = f"{c.graphs} graph(s), {c.graph_breaks} graph break(s)"
+    if c.break_reasons:
+        text += f" (most: {c.break_reasons[0]})"
+    if c.frames_total:
+        text += f", {c.frames_ok or 0}/{c.frames_total} frames compiled"
+    if c.recompiles:
+        text += f", {c.recompiles} recompilation(s)"
+    return text + " (dynamo's counters, first rank)"
 
 
 def fsdp_text(fsdp: FsdpRecord) -> str:
