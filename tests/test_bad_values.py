@@ -87,3 +87,11 @@ def test_a_lone_surrogate_in_one_name_does_not_refuse_the_trace(tmp_path: Path) 
     proc = _mgprof("trace", "--json", "--top", "200", str(path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "odd\\\\ud800kernel" in proc.stdout  # shown as text, escaped, in the JSON
+
+
+def test_view_refuses_a_fifo_named_like_a_trace(tmp_path: Path) -> None:
+    traces = tmp_path / "run" / "traces"
+    traces.mkdir(parents=True)
+    os.mkfifo(traces / "rank0.pt.trace.json")
+    line = _one_line(_mgprof("view", str(tmp_path / "run")))
+    assert "is a FIFO" in line  # refused before TensorBoard starts and blocks in open()

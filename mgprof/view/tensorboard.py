@@ -213,8 +213,27 @@ def find_logdir_runs(logdir: Path) -> tuple[list[Path], bool]:
         dirs[:] = sorted(d for d in dirs if d != "tb" and not d.startswith("."))
         if "run.json" in files:
             runs.append(Path(root))
-        if not has_traces and any(
-            f.endswith(".pt.trace.json") or f.endswith(".pt.trace.json.gz") for f in files
-        ):
-            has_traces = True
+        for f in files:
+            if f.endswith(".pt.trace.json") or f.endswith(".pt.trace.json.gz"):
+                _refuse_unless_regular(Path(root) / f)
+                has_traces = True
     return runs, has_traces
+
+
+def _refuse_unless_regular(path: Path) -> None:
+    """A FIFO, device or socket named like a trace would block TensorBoard's profiler plugin
+    in ``open`` (and its children outlive a stop): refused before anything starts."""
+    import stat
+
+    from mgprof.errors import UsageError
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # a dangling link: the plugin skips what it cannot open
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise UsageError(
+            f"{path} is {kind}, not a trace file; TensorBoard would block reading it: "
+            "remove or rename it"
+        )
