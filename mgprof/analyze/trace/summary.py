@@ -32,6 +32,8 @@ from mgprof.analyze.trace.comm import (
     summarize_collectives,
     type_unions,
 )
+from mgprof.analyze.trace.compiled import DEFINITIONS as COMPILED_DEFINITIONS
+from mgprof.analyze.trace.compiled import CompiledRegions, compiled_regions
 from mgprof.analyze.trace.fsdp import DEFINITIONS as FSDP_DEFINITIONS
 from mgprof.analyze.trace.fsdp import FsdpComm, fsdp_comm
 from mgprof.analyze.trace.idle import IdleBreakdown, LaunchDelay, idle_breakdown, launch_delay
@@ -269,6 +271,9 @@ class RankTraceSummary(msgspec.Struct, kw_only=True):
     fsdp: FsdpComm | None = None
     """FSDP2 (``fully_shard``) communication by unit and phase (``mgprof.analyze.trace.fsdp``);
     None for a trace that is not FSDP2's."""
+    compiled: CompiledRegions | None = None
+    """``torch.compile``'s regions in the traced steps (``mgprof.analyze.trace.compiled``);
+    None for a trace without compiled code."""
 
 
 def _pct(x: float | None, window: float) -> float | None:
@@ -522,6 +527,9 @@ def analyze_trace_file(path: str | Path, top: int = 10, processes: int = 1) -> R
     definitions.update(_OPS_GPU if kind == "gpu" else _OPS_CPU)
     if fsdp is not None or fsdp_reason is not None:
         definitions.update(FSDP_DEFINITIONS)
+    compiled = compiled_regions(rt)
+    if compiled is not None:
+        definitions.update(COMPILED_DEFINITIONS)
     return RankTraceSummary(
         rank=rt.rank,
         rank_source=rt.rank_source,
@@ -554,4 +562,5 @@ def analyze_trace_file(path: str | Path, top: int = 10, processes: int = 1) -> R
         kernels_dropped=dropped,
         gemm_precision=gemm_precision_facts(rt.gemm_host_us),
         fsdp=fsdp,
+        compiled=compiled,
     )
