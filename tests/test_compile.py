@@ -20,18 +20,29 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 pytestmark = pytest.mark.slow
 
 
-def test_a_compiled_model_is_compiled_around_ddp(tmp_path: Path) -> None:
+def _analyze(out: Path, *script_args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     proc = subprocess.run(
         [
             sys.executable, "-m", "mgprof", "analyze", str(SCRIPTS / "compiled_mlp.py"),
-            "--gpus", "2", "--steps", "8", "--trace-steps", "1", "--out", str(tmp_path),
-            "--", "--backend", "aot_eager",
+            "--gpus", "2", "--steps", "8", "--trace-steps", "1", "--out", str(out),
+            "--", "--backend", "aot_eager", *script_args,
         ],
         env=clean_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_json,) = tmp_path.glob("*/run.json")
-    run = json.loads(run_json.read_text())
+    (run_json,) = out.glob("*/run.json")
+    return proc, run_json.parent
+
+
+@pytest.fixture(scope="module")
+def compiled_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    proc, run_dir = _analyze(tmp_path_factory.mktemp("compiled"))
+    return proc.stdout, run_dir
+
+
+def test_a_compiled_model_is_compiled_around_ddp(compiled_run: tuple[str, Path]) -> None:
+    stdout, run_dir = compiled_run
+    run = json.loads((run_dir / "run.json").read_text())
     sync = run["analysis"]["job"]["grad_sync"]
     assert (sync["status"], sync["how"]) == ("synchronised", "ddp")
     wrap = sync["auto_wrap"]
@@ -41,8 +52,50 @@ def test_a_compiled_model_is_compiled_around_ddp(tmp_path: Path) -> None:
         compiled = rank["training"]["compile"]
         assert compiled["graphs"] >= 1 and compiled["frames_ok"] >= 1
         assert all("/" not in r.split(" ", 1)[0] for r in compiled["break_reasons"])
-    report = " ".join(proc.stdout.split())
+    report = " ".join(stdout.split())
     assert "compiled as compile(ddp(model))" in report and "torch.compile" in report
+    rules = {f["rule"] for f in run["analysis"]["findings"]}
+    assert "ddp_around_compiled" not in rules
+
+
+def test_mostly_uncompiled_fires_only_under_half(compiled_run: tuple[str, Path]) -> None:
+    import msgspec
+
+    from mgprof.analyze.findings import findings_of
+    from mgprof.analyze.run.schema import decode_analysis
+    from mgprof.records import read_run
+
+    run = read_run(compiled_run[1])
+    analysis = decode_analysis(run.analysis or {})
+    (summary,) = analysis.traces.ranks["0"]
+    assert summary.compiled is not None and summary.compiled.regions >= 1
+    record = run.ranks[0].training.compile
+    assert record is not None
+    ranks = [
+        msgspec.structs.replace(
+            r, training=msgspec.structs.replace(r.training, compile=msgspec.structs.replace(
+                record, graph_breaks=max(1, record.graph_breaks)))
+        )
+        for r in run.ranks
+    ]  # fmt: skip
+    broken = msgspec.structs.replace(run, ranks=ranks)
+    fired = {f.rule: f for f in findings_of(broken, analysis)}
+    if summary.compiled.compiled_pct is not None and summary.compiled.compiled_pct >= 50:
+        assert "mostly_uncompiled" not in fired
+    summary.compiled.compiled_pct = 20.0  # as if most of the step ran between graphs
+    fired = {f.rule: f for f in findings_of(broken, analysis)}
+    assert fired["mostly_uncompiled"].figures["compiled_pct"] == pytest.approx(20.0)
+    assert "TORCH_LOGS=graph_breaks" in fired["mostly_uncompiled"].fix
+
+
+def test_torchs_own_container_keeps_the_order_and_says_what_it_costs(tmp_path: Path) -> None:
+    _, run_dir = _analyze(tmp_path, "--sequential")
+    run = json.loads((run_dir / "run.json").read_text())
+    wrap = run["analysis"]["job"]["grad_sync"]["auto_wrap"]
+    assert wrap["compile_order"].startswith("ddp(compiled): the model is torch's own Sequential")
+    (finding,) = [f for f in run["analysis"]["findings"] if f["rule"] == "ddp_around_compiled"]
+    assert "median_comm_overlap_pct" in finding["figures"]
+    assert "class of your own" in finding["change"]
 
 
 def test_torchs_own_container_keeps_the_scripts_order() -> None:

@@ -4,12 +4,12 @@ Each rule is a small function ``(run, figures) -> Finding | None`` over the ``Ru
 the typed analysis (``mgprof.analyze.run.schema.RunAnalysis``). A rule fires only on figures
 that were measured: a missing or None figure means "do not know", never "looks bad", so a CPU
 run or a run without traces gets no GPU advice. The rules live in one module per family
-(``learning``, ``strategy``, ``fsdp``, ``straggler``, ``data``, ``compute``, ``memory``), each
-with its thresholds as named constants and the reason for their values; ``core`` holds the
-``Finding`` type (defined with the analysis schema) and the shared readers, ``fit`` what advice
-may assume about the device and the machine (CPU or GPU, cores per rank, DDP buckets, gradient
-sync). This module fixes the order the rules run in and evaluates them. The rule list and the
-advice are documented in ``docs/findings.md``.
+(``learning``, ``strategy``, ``fsdp``, ``compiled``, ``straggler``, ``data``, ``compute``,
+``memory``), each with its thresholds as named constants and the reason for their values;
+``core`` holds the ``Finding`` type (defined with the analysis schema) and the shared readers,
+``fit`` what advice may assume about the device and the machine (CPU or GPU, cores per rank, DDP
+buckets, gradient sync). This module fixes the order the rules run in and evaluates them. The
+rule list and the advice are documented in ``docs/findings.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from mgprof.analyze.findings.compiled import ddp_around_compiled, mostly_uncompiled
 from mgprof.analyze.findings.compute import FP32_GEMM_PCT as FP32_GEMM_PCT
 from mgprof.analyze.findings.compute import HARDWARE_THROTTLE as HARDWARE_THROTTLE
 from mgprof.analyze.findings.compute import LOW_UTIL_PCT as LOW_UTIL_PCT
@@ -68,6 +69,8 @@ RULES: tuple[Rule, ...] = (
     exposed_communication,
     fsdp_slower_than_ddp,
     fsdp_unit_layout,
+    ddp_around_compiled,
+    mostly_uncompiled,
     low_utilisation,
     dataloader_stall,
     fp32_gemms,
