@@ -1,4 +1,6 @@
-"""``mgprof report RUN_DIR``: analyse a saved run and render it (terminal, JSON, Markdown).
+"""``mgprof report RUN_DIR``: analyse a saved run and render it (terminal, JSON, Markdown, HTML);
+a comparison (``mgprof compare``) or a sweep (``mgprof sweep``) directory renders its own
+report in the same formats.
 
 Works on any machine: the path from run.json to the report imports neither torch nor pynvml.
 """
@@ -68,7 +70,7 @@ def register(subparsers: Any) -> None:
         "--out",
         metavar="FILE",
         help="write to FILE (atomically) instead of stdout; --format html without --out "
-        "writes RUN_DIR/report.html",
+        "writes RUN_DIR/report.html (a comparison's or a sweep's directory: its report.html)",
     )
     p.add_argument("--force", action="store_true", help="let --out replace an existing file")
     add_max_trace_size(p)
@@ -180,6 +182,24 @@ def _read_record(path: Path, reader: Callable[[Path], T]) -> T:
         raise UsageError(f"{path}: ran out of memory while reading it; free memory") from None
 
 
+def _study_html(path: Path, record: Path, out: Path | None, force: bool) -> tuple[Path, bool, bool]:
+    """Where a study's page goes: --out, else beside its JSON (the directory's report.html,
+    replacing the one the study wrote, as a run's is); (file, force, say where it went)."""
+    if out is not None:
+        return out, force, False
+    folder = path if os.path.isdir(path) else record.parent
+    return folder / "report.html", True, True
+
+
+def _emit_html(text: str, out: Path, tell: bool) -> int:
+    from mgprof.report.safe_text import printable
+
+    write_out(out, text)
+    if tell:
+        print(f"wrote {printable(str(out))}")
+    return 0
+
+
 def _is_sweep(path: Path) -> bool:
     """A directory made by ``mgprof sweep`` (sweep.json, no run.json), or that file."""
     if os.path.isdir(path):  # os.path never raises (Path.is_file does, on permission denied)
@@ -193,6 +213,9 @@ def _render_sweep(path: Path, fmt: str, out: Path | None, force: bool) -> int:
     from mgprof.studies.sweep import read_sweep
 
     record = path / "sweep.json" if path.is_dir() else path
+    tell = False
+    if fmt == "html":
+        out, force, tell = _study_html(path, record, out, force)
     if out is not None:
         check_out_path(out, force=force, inputs=[record])
     result = _read_record(record, read_sweep)
@@ -201,8 +224,10 @@ def _render_sweep(path: Path, fmt: str, out: Path | None, force: bool) -> int:
 
         render_sweep(result, Console())
         return 0
-    if fmt == "html":
-        raise UsageError("a sweep renders as term, json or md; open each trial's run for HTML")
+    if fmt == "html" and out is not None:
+        from mgprof.report.html.study.sweep_page import sweep_to_html
+
+        return _emit_html(sweep_to_html(result), out, tell)
     return _emit(sweep_to_json(result) if fmt == "json" else sweep_to_markdown(result), out)
 
 
@@ -219,6 +244,9 @@ def _render_comparison(path: Path, fmt: str, out: Path | None, force: bool) -> i
     from mgprof.safe_read import check_out_path
 
     record = path / "comparison.json" if path.is_dir() else path
+    tell = False
+    if fmt == "html":
+        out, force, tell = _study_html(path, record, out, force)
     if out is not None:
         check_out_path(out, force=force, inputs=[record])
     comp = _read_record(record, read_comparison)
@@ -227,8 +255,10 @@ def _render_comparison(path: Path, fmt: str, out: Path | None, force: bool) -> i
 
         compare_view.render_comparison(comp, Console(), str(path))
         return 0
-    if fmt == "html":
-        raise UsageError("a comparison renders as term, json or md; open each run for HTML")
+    if fmt == "html" and out is not None:
+        from mgprof.report.html.study.compare_page import comparison_to_html
+
+        return _emit_html(comparison_to_html(comp), out, tell)
     text = (
         compare_view.comparison_to_json(comp)
         if fmt == "json"

@@ -69,6 +69,11 @@ def _noise(result: SweepResult) -> SweepNoiseScale | None:
     return ns if isinstance(ns, SweepNoiseScale) else None
 
 
+def noise_scale_of(result: SweepResult) -> SweepNoiseScale | None:
+    """The sweep's noise-scale figures, None for a sweep.json written before them."""
+    return _noise(result)
+
+
 def columns(result: SweepResult) -> tuple[str, ...]:
     """``COLUMNS``, with the trials' own B_simple and the time to a given loss (the recommended
     batch = 1.00) before the verdicts when the sweep measured the noise scale."""
@@ -85,12 +90,17 @@ def _noise_cells(ns: SweepNoiseScale, batch: int, ran: bool) -> list[str]:
     return [b_simple, f"{rel:.2f}" if rel is not None else ("n/a" if ran else "")]
 
 
+def trial_order(result: SweepResult) -> list[Trial]:
+    """The trials in the table's order: batch order, skipped ones included (``rows``)."""
+    return sorted(result.trials, key=lambda t: (t.batch_size, t.status))
+
+
 def rows(result: SweepResult) -> list[list[str]]:
     """The table rows (one per trial, skipped ones included), in batch order."""
     out = []
     ns = _noise(result)
     with_noise = ns is not None and ns.estimate is not None
-    for t in sorted(result.trials, key=lambda t: (t.batch_size, t.status)):
+    for t in trial_order(result):
         status = t.status.upper() if t.status != "ok" else "ok"
         memory = t.peak_memory_mib if t.status != "skipped" else t.predicted_memory_mib
         mark = _marks(result, t.batch_size) if t.status == "ok" else ""
@@ -209,6 +219,20 @@ NOISE_CAVEAT = (
 )
 
 
+PREDICTED_NOTE = "mem? = predicted by the memory model; the size was not run"
+"""Under the table when a size was skipped (its memory is the model's prediction)."""
+
+
+def table_notes(result: SweepResult) -> list[str]:
+    """What the table's marks mean (``PREDICTED_NOTE`` when a size was skipped)."""
+    return [PREDICTED_NOTE] if any(t.status == "skipped" for t in result.trials) else []
+
+
+def caveats(result: SweepResult) -> list[str]:
+    """The sweep's caveats, the noise scale's with them when it was measured."""
+    return _caveats(result)
+
+
 def _caveats(result: SweepResult) -> list[str]:
     ns = _noise(result)
     extra = [NOISE_CAVEAT] if ns is not None and ns.estimate is not None else []
@@ -242,8 +266,8 @@ def render_sweep(result: SweepResult, console: Console) -> None:
         for row in rows(result)
     ]
     print_fitted(console, cols, cells)
-    if any(t.status == "skipped" for t in result.trials):
-        console.print(Text("mem? = predicted by the memory model; the size was not run", "dim"))
+    for note in table_notes(result):
+        console.print(Text(note, "dim"))
     for note in _caveats(result):
         console.print(Text("note: ", style="yellow").append(rich_text(note, multiline=True)))
 
@@ -255,8 +279,8 @@ def sweep_to_markdown(result: SweepResult) -> str:
     names = columns(result)
     lines += ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     lines += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows(result)]
-    if any(t.status == "skipped" for t in result.trials):
-        lines += ["", "mem? = predicted by the memory model; the size was not run."]
+    for note in table_notes(result):
+        lines += ["", f"{note}."]
     notes = _caveats(result)
     if notes:
         lines += ["", "## Caveats", ""] + [f"- {md_text(n)}" for n in notes]

@@ -48,6 +48,7 @@ from mgprof.analyze.compare.scaling import (
 from mgprof.atomic import write_bytes_atomic
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
+from mgprof.report.html.study.compare_page import write_comparison_html
 from mgprof.run.launcher import SHARDED, STRATEGIES, one_process_per_rank
 from mgprof.run.machine_load import LoadMeter, MachineLoad
 
@@ -314,6 +315,7 @@ def compare(
         comp.verdict += f"; {tradeoff}"
     write_bytes_atomic(comp_dir / COMPARISON_JSON, encode_comparison(comp))
     _write_markdown(comp_dir, comp)
+    write_comparison_html(comp_dir, comp)
     _link_runs(comp_dir, comp)
     return comp
 

@@ -54,6 +54,7 @@ from mgprof.analyze.sweep.result import (
 from mgprof.atomic import write_bytes_atomic
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
+from mgprof.report.html.study.sweep_page import write_sweep_html
 
 SWEEP_JSON = "sweep.json"
 BATCH_SIZE_ENV = "MGPROF_BATCH_SIZE"
@@ -217,6 +218,7 @@ def run_sweep(config: SweepConfig, on_trial: TrialCallback | None = None) -> Swe
             )
     result = _result(header, planner, capacity_source, noise)
     write_sweep(sweep_dir, result)
+    write_sweep_html(sweep_dir, result)  # the page at the end: sweep.json holds every trial
     return result
 
 

@@ -1,1 +1,2 @@
-"""report.html: the offline page, its views (the TensorBoard plugin's), charts and escaping."""
+"""report.html: the offline page, its views (the TensorBoard plugin's), charts, escaping, the
+palette every chart shares, and the study pages (compare, sweep)."""

@@ -72,6 +72,18 @@ details summary h2{display:inline-block;border:0}
 #mgprof-errors{color:#c62828;white-space:pre-wrap}
 .failure h2{color:#c62828}
 .failure pre{background:#f6f6f6;padding:.6rem;overflow-x:auto;font-size:.85rem}
+code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.88em;
+background:#f3f3f3;border-radius:3px;padding:0 .25em}
+.study .lines{list-style:none;padding:0;margin:.4rem 0;color:#333}
+.study .lines li{margin:.15rem 0}
+.study .notes li{color:#555;margin:.25rem 0}
+.study .scroll{overflow-x:auto}
+.study table.cells td.na{color:#888}
+.study table.cells td:first-child,.study table.cells td.num,.study table.cells td.links{
+white-space:nowrap}
+.study table.cells th{vertical-align:bottom}
+.study .verdict{font-size:1rem;line-height:1.45}
+.study .legend-note{color:#666;font-size:.85rem}
 """
 
 JS = """
@@ -158,6 +170,7 @@ JS = """
   }
 
   function tableSkeleton(el, id, spec) {
+    el.textContent = "";  // the static copy of the rows, shown until the table is drawn
     var st = {sort: spec.sort ? spec.sort.slice() : null, filter: "", heads: []};
     var tools = document.createElement("div");
     tools.className = "tools";

@@ -23,8 +23,8 @@ from mgprof.analyze.run.schema import (
 )
 from mgprof.analyze.trace.summary import RankTraceSummary
 from mgprof.records import RunRecord
+from mgprof.report.html.palette import color, rank_color
 from mgprof.report.html.text import label as _label
-from mgprof.report.html.view_model import rank_color
 
 __all__ = ["SWEEP_KEYS", "chart_figures", "comparison_rows", "layout", "sweep_series"]
 
@@ -60,6 +60,13 @@ _BREAKDOWN_PARTS = (
     ("other", "other device work (memcpy/memset)", None),
     ("idle", "idle", "idle_pct"),
 )
+_BREAKDOWN_COLORS = {
+    "compute": color("compute"),
+    "exposed": color("exposed communication"),
+    "other": color("other device work"),
+    "idle": color("idle"),
+}
+"""The Overview's per-step breakdown has the same colours (``palette``)."""
 
 
 def _window_shares(summaries: Sequence[RankTraceSummary]) -> dict[str, float] | None:
@@ -114,12 +121,26 @@ def _breakdown_chart(analysis: RunAnalysis) -> dict[str, Any] | None:
     if not labels:
         return None
     data: list[dict[str, Any]] = [
-        {"type": "bar", "name": _label(name), "x": labels, "y": parts[key]}
+        {
+            "type": "bar",
+            "name": _label(name),
+            "x": labels,
+            "y": parts[key],
+            "marker": {"color": _BREAKDOWN_COLORS[key]},
+        }
         for key, name, _ in _BREAKDOWN_PARTS
         if any(v for v in parts[key])
     ]
     if any(v is not None for v in untraced):
-        data.append({"type": "bar", "name": "step (no trace)", "x": labels, "y": untraced})
+        data.append(
+            {
+                "type": "bar",
+                "name": "step (no trace)",
+                "x": labels,
+                "y": untraced,
+                "marker": {"color": color("untraced step")},
+            }
+        )
     lay = _layout("Step time breakdown per rank", "rank", "ms per step", barmode="stack")
     lay["legend"]["traceorder"] = "normal"
     return {"data": data, "layout": lay}
@@ -216,6 +237,7 @@ def _comparison_chart(analysis: RunAnalysis) -> dict[str, Any] | None:
                 "y": [p[1] for p in points],
                 "text": text,
                 "textposition": "auto",
+                "marker": {"color": color("throughput")},
             }
         ],
         "layout": _layout("Strategy comparison: throughput", "strategy x devices", "samples/s"),
@@ -250,9 +272,12 @@ def _sweep_chart(analysis: RunAnalysis) -> dict[str, Any] | None:
     recommended with both marked, so the two limits are read on one chart."""
     data: list[dict[str, Any]] = []
     all_pts: list[SweepPoint] = []
-    for name, pts in sweep_series(analysis):
+    series = sweep_series(analysis)
+    for i, (name, pts) in enumerate(series):
         all_pts.extend(pts)
         xs = [p.batch_size for p in pts]
+        # one series: the categories' colours; several: one colour per series, memory dotted
+        one = len(series) == 1
         data.append(
             {
                 "type": "scatter",
@@ -260,6 +285,7 @@ def _sweep_chart(analysis: RunAnalysis) -> dict[str, Any] | None:
                 "name": _label(f"{name}: samples/s"),
                 "x": xs,
                 "y": [p.samples_per_s for p in pts],
+                "line": {"color": color("throughput") if one else rank_color(i)},
             }
         )
         mem = [_peak(p.peak_mem_mib) for p in pts]
@@ -268,7 +294,10 @@ def _sweep_chart(analysis: RunAnalysis) -> dict[str, Any] | None:
                 {
                     "type": "scatter",
                     "mode": "lines+markers",
-                    "line": {"dash": "dot"},
+                    "line": {
+                        "dash": "dot",
+                        "color": color("peak memory") if one else rank_color(i),
+                    },
                     "name": _label(f"{name}: peak memory MiB"),
                     "x": xs,
                     "y": mem,
@@ -314,6 +343,7 @@ def _noise_traces(sweep: Sweep, pts: Sequence[SweepPoint]) -> list[dict[str, Any
                 "fill": "toself",
                 "opacity": 0.15,
                 "line": {"width": 0},
+                "fillcolor": color("B_simple"),
                 "hoverinfo": "skip",
                 "name": "B_simple 95 % band",
                 "x": [lo, hi, hi, lo, lo],
@@ -325,23 +355,23 @@ def _noise_traces(sweep: Sweep, pts: Sequence[SweepPoint]) -> list[dict[str, Any
         {
             "type": "scatter",
             "mode": "lines",
-            "line": {"dash": "dash"},
+            "line": {"dash": "dash", "color": color("B_simple")},
             "name": _label(f"B_simple ≈ {b_simple:,.0f} (global), per device"),
             "x": [x, x],
             "y": [0, top],
         }
     )
     by_batch = dict(rates)
-    for batch, label, symbol in (
-        (ns.knee_batch, "hardware knee (sweet spot)", "diamond"),
-        (ns.recommended_batch, "recommended (knee and B_simple)", "star"),
+    for batch, label, symbol, hue in (
+        (ns.knee_batch, "hardware knee (sweet spot)", "diamond", color("sweet spot")),
+        (ns.recommended_batch, "recommended (knee and B_simple)", "star", color("recommended")),
     ):
         if batch is not None and batch in by_batch:
             out.append(
                 {
                     "type": "scatter",
                     "mode": "markers",
-                    "marker": {"size": 14, "symbol": symbol},
+                    "marker": {"size": 14, "symbol": symbol, "color": hue},
                     "name": label,
                     "x": [float(batch)],
                     "y": [by_batch[batch]],

@@ -14,6 +14,7 @@ from mgprof.analyze.run.schema import ComparisonRow, RunAnalysis, SweepPoint, gi
 from mgprof.report.failure_summary import FailureSummary
 from mgprof.report.html.charts import comparison_rows, sweep_series
 from mgprof.report.html.text import esc as _esc
+from mgprof.report.html.text import prose
 from mgprof.report.run.sections import Section, Table
 
 __all__ = [
@@ -55,11 +56,11 @@ def section_html(section: Section, after: str = "", extra: str = "") -> str:
     notes and footnotes; a section with a ``brief`` is that one line."""
     out = [f'<section id="{anchor(section.title)}"><h2>{_esc(section.title)}</h2>']
     if section.brief is not None:
-        out.append(f'<p class="brief">{_esc(section.brief)}</p>{after}</section>')
+        out.append(f'<p class="brief">{prose(section.brief)}</p>{after}</section>')
         return "".join(out)
     if section.notice:
         out.append(
-            f'<div class="notice"><strong>CPU fallback:</strong> {_esc(section.notice)}</div>'
+            f'<div class="notice"><strong>CPU fallback:</strong> {prose(section.notice)}</div>'
         )
     if section.facts:
         out.append('<table class="facts"><tbody>')
@@ -68,10 +69,10 @@ def section_html(section: Section, after: str = "", extra: str = "") -> str:
     out.extend(table_html(t) for t in section.tables)
     out.append(after)
     out.append(extra)
-    out.extend(f'<p class="note">{_esc(n)}</p>' for n in section.notes)
+    out.extend(f'<p class="note">{prose(n)}</p>' for n in section.notes)
     if section.footnotes:
         out.append('<ul class="footnotes">')
-        out.extend(f"<li>{_esc(n)}</li>" for n in section.footnotes)
+        out.extend(f"<li>{prose(n)}</li>" for n in section.footnotes)
         out.append("</ul>")
     out.append("</section>")
     return "".join(out)
@@ -88,7 +89,7 @@ def failure_html(summary: FailureSummary) -> str:
         out.append(f'<p class="note">{_esc(summary.traceback_title)}:</p>')
         out.append(f"<pre>{_esc(chr(10).join(summary.traceback))}</pre>")
     out.extend(table_html(t) for t in sec.tables)
-    out.extend(f'<p class="note">{_esc(n)}</p>' for n in sec.notes)
+    out.extend(f'<p class="note">{prose(n)}</p>' for n in sec.notes)
     out.append("</section>")
     return "".join(out)
 
@@ -111,12 +112,12 @@ def findings_html(analysis: RunAnalysis) -> str:
             for label, key, value in fields
             if value and not (key == "fix" and value == f.change)
         ]
-        body = "".join(f"<dt>{_esc(label)}</dt><dd>{_esc(value)}</dd>" for label, value in rows)
+        body = "".join(f"<dt>{_esc(label)}</dt><dd>{prose(value)}</dd>" for label, value in rows)
         tag = f.rule or f.id
         rule = f' <span class="rule">{_esc(tag)}</span>' if tag else ""
         items.append(
             f'<li class="finding {sev_class}"><div class="head">'
-            f'<span class="sev">{_esc(severity)}</span> {_esc(f.title)}{rule}</div>'
+            f'<span class="sev">{_esc(severity)}</span> {prose(f.title)}{rule}</div>'
             f"<dl>{body}</dl></li>"
         )
     return f'<ul class="findings">{"".join(items)}</ul>' if items else ""
@@ -234,7 +235,7 @@ def definitions_html(defs: Sequence[tuple[str, str]]) -> str:
     """The glossary, folded: it is long and read on demand."""
     if not defs:
         return ""
-    items = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in defs)
+    items = "".join(f"<dt>{_esc(k)}</dt><dd>{prose(v)}</dd>" for k, v in defs)
     return (
         '<section id="sec-definitions"><details><summary><h2>Definitions</h2></summary>'
         f'<dl class="defs">{items}</dl></details></section>'

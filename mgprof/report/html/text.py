@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from collections import Counter
 from typing import Any
 
@@ -28,6 +29,18 @@ the tables keep the whole name."""
 def esc(text: Any) -> str:
     """A text node or attribute value: control characters shown escaped, newlines kept."""
     return html.escape(printable(text, multiline=True), quote=True)
+
+
+_CODE = re.compile(r"``([^\n]+?)``|`([^`\n]+)`")
+"""A Markdown code span (``x`` or ````x````) on one line."""
+
+
+def prose(text: Any) -> str:
+    """:func:`esc` of a sentence written for every renderer (a finding, a note), with its
+    Markdown code spans (`mgprof.region(...)`) as ``<code>``: the terminal shows the backticks,
+    Markdown renders them, and the page must not show them literally. The text is escaped
+    first, so a span holds text only, never markup."""
+    return _CODE.sub(lambda m: f"<code>{m.group(1) or m.group(2)}</code>", esc(text))
 
 
 def label(text: Any) -> str:

@@ -18,19 +18,12 @@ from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.analyze.trace.cross_rank import CrossRankSummary
 from mgprof.analyze.trace.summary import RankTraceSummary
 from mgprof.records import RunRecord
-from mgprof.report.html.text import esc
+from mgprof.report.html.palette import rank_color
+from mgprof.report.html.text import esc, prose
 
 __all__ = ["Col", "Context", "View", "figure_spec", "ms", "rank_color", "rounded"]
 
 T = TypeVar("T")
-
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-            "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
-"""Plotly's default colours: rank N has the same colour in every chart of the page."""
-
-
-def rank_color(rank: int) -> str:
-    return _PALETTE[rank % len(_PALETTE)]
 
 
 @dataclass(frozen=True)
@@ -91,7 +84,8 @@ class View:
         self.blocks.append(f"<h3>{esc(text)}</h3>")
 
     def note(self, text: str, css: str = "note") -> None:
-        self.blocks.append(f'<p class="{css}">{esc(text)}</p>')
+        """A paragraph of prose: `code` spans become ``<code>``."""
+        self.blocks.append(f'<p class="{css}">{prose(text)}</p>')
 
     def html(self, markup: str) -> None:
         """Markup built by the caller (every data string in it already escaped)."""

@@ -14,6 +14,7 @@ from mgprof.analyze.run.schema import given
 from mgprof.analyze.timeline.build import DEFAULT_NAME, clock_line, read_timeline_facts
 from mgprof.analyze.trace.summary import RankTraceSummary, StepSummary
 from mgprof.report.html.charts import layout
+from mgprof.report.html.palette import color
 from mgprof.report.html.text import esc
 from mgprof.report.html.view_model import Context, View, figure_spec, rounded
 from mgprof.report.html.view_steps import traced_steps
@@ -21,10 +22,10 @@ from mgprof.report.html.view_steps import traced_steps
 __all__ = ["cards_html", "overview_view"]
 
 _PARTS = (
-    ("compute", "compute (incl. overlapped comm)", "#1565c0"),
-    ("exposed", "exposed communication", "#ef6c00"),
-    ("other", "other device work (memcpy/memset)", "#8e24aa"),
-    ("idle", "idle", "#9e9e9e"),
+    ("compute", "compute (incl. overlapped comm)", color("compute")),
+    ("exposed", "exposed communication", color("exposed communication")),
+    ("other", "other device work (memcpy/memset)", color("other device work")),
+    ("idle", "idle", color("idle")),
 )
 
 
@@ -53,9 +54,9 @@ def _breakdown_fig(points: Mapping[int, dict[str, float]], who: str) -> dict[str
             "name": name,
             "x": steps,
             "y": [rounded(points[s][key]) for s in steps],
-            "marker": {"color": color},
+            "marker": {"color": hue},
         }
-        for key, name, color in _PARTS
+        for key, name, hue in _PARTS
         if any(rounded(points[s][key]) for s in steps)
     ]
     lay = layout(f"Step time breakdown per step, {who}", "step", "ms", barmode="stack")
@@ -125,7 +126,7 @@ def _file_compute_us(summary: RankTraceSummary) -> float | None:
     return None
 
 
-_TC_PARTS = (("tensor cores", "#2e7d32"), ("FP32 GEMM", "#f9a825"), ("other kernels", "#90a4ae"))
+_TC_PARTS = tuple((name, color(name)) for name in ("tensor cores", "FP32 GEMM", "other kernels"))
 
 
 def _tc_spec(ctx: Context) -> dict[str, Any]:
@@ -140,9 +141,9 @@ def _tc_spec(ctx: Context) -> dict[str, Any]:
             "name": name,
             "x": [f"rank {r}" for r in ranks],
             "y": [round(values[r][i], 2) for r in ranks],
-            "marker": {"color": color},
+            "marker": {"color": hue},
         }
-        for i, (name, color) in enumerate(_TC_PARTS)
+        for i, (name, hue) in enumerate(_TC_PARTS)
     ]
     all_lay = layout(
         "Tensor-core share of compute-kernel time", "rank", "% of compute", barmode="stack"

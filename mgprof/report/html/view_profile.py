@@ -16,10 +16,15 @@ from mgprof.analyze.trace.kernels import KernelStat
 from mgprof.analyze.trace.operators import OperatorNameStat, OperatorStat
 from mgprof.analyze.trace.summary import RankTraceSummary
 from mgprof.report.html.charts import layout
+from mgprof.report.html.palette import color
+from mgprof.report.html.sections import anchor
 from mgprof.report.html.text import cell, label, short_label
 from mgprof.report.html.view_model import Col, Context, View, figure_spec, ms, rounded
 
 __all__ = ["kernels_view", "operators_view"]
+
+TOP_KERNELS_TITLE = "Top kernels"
+"""The shared section the Kernels view's table stands in for (``html_views.SHOWN_BY_VIEW``)."""
 
 TOP_BARS = 15
 """Bars in a "top N" chart; the table below it has every row."""
@@ -118,7 +123,8 @@ def _op_chart(per_rank: Mapping[int, list[_Op]], device: bool, title: str) -> di
         series = [("host self", [rounded(ms(r.host_self_us)) for r in top])]
         if device:
             series.append(("device self", [rounded(ms(r.device_self_us)) for r in top]))
-        return _hbar(f"{title}, {who}", [r.name for r in top], series, "ms")
+        hues = (color("host time"), color("device time"))
+        return _hbar(f"{title}, {who}", [r.name for r in top], series, "ms", hues)
 
     summed = _merge((r for rows in per_rank.values() for r in rows), shapes=False)
     all_fig = fig(summed, "all ranks summed" if len(per_rank) > 1 else _who(per_rank))
@@ -310,7 +316,7 @@ def _kernel_rows(summaries: Sequence[RankTraceSummary]) -> list[_Kernel]:
     return sorted(merged.values(), key=lambda k: -k.total_us)
 
 
-_TC_COLOR, _OTHER_COLOR = "#2e7d32", "#1565c0"
+_TC_COLOR, _OTHER_COLOR = color("tensor cores"), color("other kernels")
 
 
 def _kernel_fig(rows: list[_Kernel], who: str) -> dict[str, Any]:
@@ -383,6 +389,9 @@ def kernels_view(ctx: Context) -> View:
         for rank, items in per_rank.items()
         for k in items
     ]
+    # the shared "Top kernels" section's place (its title and anchor), with this table in it:
+    # every kernel the trace summary kept, sortable, so the page shows one kernel table
+    view.html(f'<section id="{anchor(TOP_KERNELS_TITLE)}"><h2>{TOP_KERNELS_TITLE}</h2>')
     view.table("kernels-table", cols, table, sort=(3, "desc"))
     dropped = _dropped_note(ctx, _kernels_dropped, "smaller kernels")
     if dropped:
@@ -392,4 +401,5 @@ def kernels_view(ctx: Context) -> View:
         "(communication kernels excluded). Tensor cores: classified from the kernel name or its "
         "GEMM's input dtype."
     )
+    view.html("</section>")
     return view

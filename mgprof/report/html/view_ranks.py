@@ -16,6 +16,7 @@ from mgprof.analyze.run.schema import given
 from mgprof.analyze.trace.comm_types import CollectiveStats
 from mgprof.analyze.trace.cross_rank import CrossRankSummary
 from mgprof.report.html.charts import layout
+from mgprof.report.html.palette import color
 from mgprof.report.html.text import cell, esc, label
 from mgprof.report.html.view_model import Col, Context, View, figure_spec, ms, rank_color, rounded
 
@@ -80,11 +81,11 @@ def _peaks_fig(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     xs = [f"rank {r['rank']}" + (f" {r['device']}" if multi_device else "") for r in rows]
     data = [
         {"type": "bar", "name": name, "x": [label(x) for x in xs],
-         "y": [rounded(r[key]) for r in rows], "marker": {"color": color}}
-        for key, name, color in (
-            ("allocated", "peak allocated (tensors)", "#1565c0"),
-            ("reserved", "peak reserved (caching allocator)", "#90caf9"),
-            ("rss", "peak RSS (host process)", "#8d6e63"),
+         "y": [rounded(r[key]) for r in rows], "marker": {"color": hue}}
+        for key, name, hue in (
+            ("allocated", "peak allocated (tensors)", color("peak memory")),
+            ("reserved", "peak reserved (caching allocator)", color("reserved")),
+            ("rss", "peak RSS (host process)", color("process RSS")),
         )
         if any(r[key] is not None for r in rows)
         # host RSS beside device memory would dwarf it: it is in the table; charted on CPU runs
@@ -116,6 +117,7 @@ def _allocation_fig(ctx: Context) -> tuple[dict[str, Any] | None, dict[int, dict
             "name": f"rank {p.rank}",
             "x": [rounded(t) for t in curve.time_ms],
             "y": [rounded(v) for v in curve.allocated_mib],
+            "line": {"color": rank_color(p.rank)},
             "meta": {"rank": p.rank},
         }
         traces.append((p.rank, trace))
@@ -323,9 +325,9 @@ def _wait_fig(cross: CrossRankSummary | None) -> dict[str, Any] | None:
     xs = [f"rank {p.rank}" + (" (last to arrive)" if p.rank == slowest else "") for p in per_rank]
     data = [
         {"type": "bar", "name": "transfer", "x": xs, "y": [rounded(transfer / 1e3)] * len(xs),
-         "marker": {"color": "#1565c0"}},
+         "marker": {"color": color("transfer")}},
         {"type": "bar", "name": "wait for other ranks", "x": xs,
-         "y": [rounded(ms(p.wait_us)) for p in per_rank], "marker": {"color": "#ef6c00"}},
+         "y": [rounded(ms(p.wait_us)) for p in per_rank], "marker": {"color": color("wait")}},
     ]  # fmt: skip
     lay = layout(
         "Time in matched collectives per rank: wait vs transfer", "", "ms", barmode="stack"

@@ -22,6 +22,7 @@ from mgprof.report.html.sections import (
     findings_html,
     section_html,
     sweep_section,
+    table_html,
 )
 from mgprof.report.html.text import esc
 from mgprof.report.html.view_model import Context, View
@@ -48,8 +49,11 @@ SECTION_VIEW = {
 }
 """Shared sections shown outside the Overview (by title); every other one is in the Overview."""
 
-SHOWN_BY_VIEW = {"Regions"}
-"""Shared sections left out where their view exists: it shows the same figures interactively."""
+SHOWN_BY_VIEW = {"Regions": "regions-table", "Top kernels": "kernels-table"}
+"""Shared sections left out where their view holds this table: it shows the same rows (and more),
+sortable and filterable; one table, not two. The section's own table is the view table's first
+content, which the page's script replaces when it draws it (a page read without scripts, or
+whose script failed, still shows the rows)."""
 
 CHARTS_AFTER = {"Utilisation": ("chart-utilisation",)}
 """Summary charts (``chart_figures``) drawn right after a shared section."""
@@ -95,6 +99,16 @@ def _overview_extra(
     ]
 
 
+def _fallback(views: Sequence[View], table_id: str, markup: str) -> None:
+    """``markup`` inside the element the view's table ``table_id`` is drawn into."""
+    empty = f'<div class="vtable" data-table="{table_id}"></div>'
+    for view in views:
+        view.blocks = [
+            f"{empty[: -len('</div>')]}{markup}</div>" if block == empty else block
+            for block in view.blocks
+        ]
+
+
 def _view_html(view: View, sections: Sequence[str], charts: Mapping[str, Any]) -> str:
     top = "".join(chart_div(c, charts) for c in VIEW_CHARTS.get(view.key, ()))
     return (
@@ -136,10 +150,14 @@ def build_page(
     views = _views(ctx, full)
     keys = [v.key for v in views]
     placed: dict[str, list[str]] = {k: [] for k in keys}
+    held = {table for view in views for table in view.tables}
     for section in sections:
         key = SECTION_VIEW.get(section.title, "overview")
-        if section.title in SHOWN_BY_VIEW and key in placed:
-            continue  # the view's own table holds the same rows, sortable
+        table_id = SHOWN_BY_VIEW.get(section.title)
+        if table_id in held and key in placed:
+            # the view's own table holds the same rows, sortable: the section's is its fallback
+            _fallback(views, table_id, "".join(table_html(t) for t in section.tables))
+            continue
         key = key if key in placed else "overview"
         if section.title == "Findings":
             placed[key].extend(_overview_extra(section, analysis, charts))
