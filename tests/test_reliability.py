@@ -129,6 +129,11 @@ dist.all_reduce(torch.ones(4))
     assert "(in all_reduce)" in error and "rank 0" in error and "rank 1" in error, error
     assert "--collective-timeout" in error
     assert {e.rank for e in run.rank_exits} == {0, 1}
+    # the rank that never arrived was stopped: its stack says where it was
+    assert "when stopped: rank 1 at hang.py:" in error and "in <module>" in error, error
+    lines = script.read_text().splitlines()
+    sleeping = next(i for i, ln in enumerate(lines, 1) if "time.sleep(3600)" in ln)
+    assert f"hang.py:{sleeping} in <module>" in error, error
 
 
 @pytest.mark.slow

@@ -183,7 +183,47 @@ def limit_address_space(budget_mib: int) -> int:
 
 
 def _sigterm(signum: int, frame: Any) -> None:
+    if os.getpid() != _MAIN_PID:  # a process the script forked: not a rank, mgprof stays out
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _dump_stacks()
     raise SystemExit(128 + signum)
+
+
+_MAIN_PID = os.getpid()
+"""The rank's own process: a child the script forks inherits the handlers and returns through
+``main``, and must neither write the rank's record nor mark it finished."""
+
+
+def _stack_path() -> Path | None:
+    from mgprof.rundir import RUN_DIR_ENV
+
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return None
+    return Path(run_dir) / "logs" / f"rank{int(os.environ.get('RANK', '0') or 0)}.stack"
+
+
+def _dump_stacks() -> None:
+    """Every thread's Python stack into ``logs/rank<N>.stack`` when mgprof stops the rank (a
+    hung collective's peers are stopped this way): the failure summary then says where each
+    rank was waiting."""
+    import faulthandler
+
+    path = _stack_path()
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            faulthandler.dump_traceback(fh, all_threads=True)
+    except Exception:  # fail open: the rank stops as asked, without its stack
+        pass
+
+
+def _in_forked_child() -> bool:
+    return os.getpid() != _MAIN_PID
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(script.resolve().parent))
     try:
         runpy.run_path(str(script), run_name="__main__")
+        if _in_forked_child():  # the script's own child ended: nothing of mgprof's to finish
+            return 0
     except StepLimitReached:
         auto.finish()
         if auto.limit_explicit:
@@ -236,29 +278,43 @@ def main(argv: list[str] | None = None) -> int:
         _mark_finished()
         return 0
     except SystemExit as exc:
-        # a second SIGTERM while the record is written must not cut it off: torchrun still
-        # SIGKILLs this rank after its grace period, so nothing can hang
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        code = exc.code
-        failed = code not in (None, 0)
-        auto.finish(error=f"exited with code {code}" if failed else None)
-        _finish_explicit(f"exited with code {code}" if failed else None)
-        if not failed:
-            _release_autowrap_group()
-            _mark_finished()
-        raise
+        if _in_forked_child():
+            raise
+        return _exited(auto, exc)
     except BaseException as exc:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        auto.finish(error=text.strip().splitlines()[-1] + "\n" + text)
-        _finish_explicit(text)
-        traceback.print_exc()
-        _flush_rank_log()
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        if _in_forked_child():
+            raise
+        return _failed(auto, exc)
     auto.finish()
     _release_autowrap_group()
     _mark_finished()
     return 0
+
+
+def _exited(auto: Any, exc: SystemExit) -> int:
+    """The script (or a SIGTERM) raised SystemExit: record this rank, then exit with its code."""
+    # a second SIGTERM while the record is written must not cut it off: torchrun still
+    # SIGKILLs this rank after its grace period, so nothing can hang
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    code = exc.code
+    failed = code not in (None, 0)
+    auto.finish(error=f"exited with code {code}" if failed else None)
+    _finish_explicit(f"exited with code {code}" if failed else None)
+    if not failed:
+        _release_autowrap_group()
+        _mark_finished()
+    raise exc
+
+
+def _failed(auto: Any, exc: BaseException) -> int:
+    """The script raised: record this rank with the exception, print it, exit 1 (130: ^C)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    auto.finish(error=text.strip().splitlines()[-1] + "\n" + text)
+    _finish_explicit(text)
+    traceback.print_exception(type(exc), exc, exc.__traceback__)
+    _flush_rank_log()
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def _mark_finished() -> None:

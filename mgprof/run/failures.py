@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterable
+from pathlib import Path
 
 import msgspec
 
@@ -126,3 +127,47 @@ def last_meaningful(lines: list[str]) -> str:
         if text and text.strip("=-_* ") and not text.startswith("USDT:"):
             return text
     return ""
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/mgprof/", "<frozen ", "/lib/python")
+
+
+def stack_site(text: str) -> str | None:
+    """Where a rank's main thread was, from its ``faulthandler`` dump (``logs/rank<N>.stack``,
+    written when mgprof stopped it): the innermost frame of the script's own code, with the
+    innermost torch function it was in (``all_reduce`` ...), or None when the dump has none."""
+    current: list[tuple[str, int, str]] = []
+    block: list[tuple[str, int, str]] | None = None
+    for line in text.splitlines():
+        if line.startswith("Current thread") or line.startswith("Thread"):
+            block = [] if line.startswith("Current thread") else None
+            continue
+        m = _FRAME.match(line)
+        if m and block is not None:
+            block.append((m["file"], int(m["line"]), m["func"]))
+            current = block
+    if not current:
+        return None
+    own = next(((f, n, fn) for f, n, fn in current if not any(lib in f for lib in _LIBRARY)), None)
+    if own is None:
+        return None
+    inner = current[: current.index(own)]
+    torch_fn = next((fn for f, _, fn in reversed(inner) if "/torch/" in f), None)
+    where = f"{Path(own[0]).name}:{own[1]} in {own[2]}"
+    return f"in {torch_fn} at {where}" if torch_fn else f"at {where}"
+
+
+def stack_sites(run_dir: Path) -> dict[int, str]:
+    """rank -> where its main thread was when stopped, for the ranks that left a stack."""
+    found: dict[int, str] = {}
+    for path in sorted((run_dir / "logs").glob("rank*.stack")):
+        try:
+            rank = int(path.stem.removeprefix("rank"))
+            text = path.read_text(encoding="utf-8", errors="replace")[:200_000]
+        except (ValueError, OSError):
+            continue
+        site = stack_site(text)
+        if site is not None:
+            found[rank] = site
+    return found

@@ -34,6 +34,7 @@ from mgprof.run.failures import (
     last_meaningful,
     parse_torchrun_failures,
     signal_name,
+    stack_sites,
 )
 from mgprof.run.ranklog import LOGS_DIR
 
@@ -263,6 +264,12 @@ def _failure(
     rank_lines = [f"rank {r}: {_exception(e)}" for r, e in sorted(errors.items())]
     timeouts = [e for e in rank_lines if "timed out" in e.lower() or "timeout" in e.lower()]
     hint = " (a rank stopped answering; raise --collective-timeout if it was only slow)"
+    sites = stack_sites(run_dir) if run_dir is not None else {}
+    stopped = (  # where each stopped rank was: a rank that never arrived shows its own line
+        "; when stopped: " + "; ".join(f"rank {r} {where}" for r, where in sorted(sites.items()))
+        if sites
+        else ""
+    )
     first = first_failure(exits, errors) if exits else None
     if first is not None and first.rank is not None:
         said, log = _rank_said(first.rank, first.exit_code, errors, run_dir)
@@ -276,13 +283,13 @@ def _failure(
             others = timeouts or [e for e in rank_lines if "(in " in e]
             if others:
                 detail += f"; {others[0]}"
-        return f"{head}: {detail}{hint if timeouts else ''}"
+        return f"{head}: {detail}{hint if timeouts else ''}{stopped}"
     if exits:  # multi-node: torchrun named local ranks only
         detail = describe_exits(exits)
         said_list = timeouts or [e for e in rank_lines if "(in " in e]
         if said_list:
             detail += f"; {said_list[0]}"
-        return f"{head}: {detail}{hint if timeouts else ''}"
+        return f"{head}: {detail}{hint if timeouts else ''}{stopped}"
     if world_size == 1:  # one process: rank 0 is the script
         said, log = _rank_said(0, code, errors, run_dir)
         if said:

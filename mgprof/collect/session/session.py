@@ -150,6 +150,8 @@ class Session(StepRecordsMixin, DeliveryMixin):
         self.on_step = on_step
         self.quiet = quiet
         self.failopen = FailOpen()
+        self._pid = os.getpid()
+        """The process that made the session: a child the script forks never writes its record."""
         self.run_dir: Path | None = None
         self.record: RankRecord | None = None
         self.enabled = True
@@ -491,7 +493,7 @@ class Session(StepRecordsMixin, DeliveryMixin):
         Returns the ``RunRecord`` on the rank that wrote it, else None. Never raises.
         """
         global _active
-        if self._closed or not self.enabled:
+        if self._closed or not self.enabled or os.getpid() != self._pid:
             return None
         self._closed = True
         self._running = False
