@@ -80,3 +80,36 @@ def test_real_kernel_names_fit_and_stay_apart(path: object) -> None:
             by_functor.setdefault(found[-1], set()).add(s)
     assert by_functor
     assert len({next(iter(v)) for v in by_functor.values()}) == len(by_functor)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "[link=https://x]y[/link]"],
+)
+def test_what_does_not_start_as_a_cpp_name_is_shown_whole(name: str) -> None:
+    """A name planted in a trace is shown (escaped by the renderer), never rewritten."""
+    assert short_kernel_name(name) == name
+
+
+BN = "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, {}, true, 1>(float, float)"
+GEMM = "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x64_16x4_{}_align4>(Params)"
+
+
+def test_a_table_tells_apart_kernels_that_share_a_short_form() -> None:
+    """The first template argument they differ in (its end when its start is the same); a
+    name listed twice (two ranks) keeps one form."""
+    from mgprof.report.kernel_names import short_kernel_names
+
+    names = [BN.format(128), BN.format(32), GEMM.format("nn"), GEMM.format("nt"), BN.format(32)]
+    assert short_kernel_name(names[0]) == short_kernel_name(names[1])
+    assert short_kernel_names(names) == [
+        "bn_bw_1C11_kernel_new<…128…>",
+        "bn_bw_1C11_kernel_new<…32…>",
+        "Kernel<…s1688gemm_256x64_16x4_nn_align4>",
+        "Kernel<…s1688gemm_256x64_16x4_nt_align4>",
+        "bn_bw_1C11_kernel_new<…32…>",
+    ]
+    assert short_kernel_names(["ampere_sgemm_128x64_nn", MUL]) == [
+        "ampere_sgemm_128x64_nn",
+        "vectorized_elementwise_kernel<…MulFunctor…>",
+    ]

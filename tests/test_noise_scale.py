@@ -274,6 +274,14 @@ def test_sweep_keeps_the_knee_when_b_simple_is_above_it() -> None:
     assert ns.recommendation and "also the least time" in ns.recommendation
 
 
+def test_sweep_with_no_gradient_noise_recommends_nothing() -> None:
+    """Every rank on the same batches: B_simple is 0 (once a ZeroDivisionError in the text)."""
+    ns = _sweep({64: 1000.0, 128: 1400.0}, 0.0).noise_scale
+    assert ns is not None and ns.estimate is not None and ns.estimate.b_simple == 0
+    assert ns.recommended_batch is None and ns.recommendation is None
+    assert ns.reason is not None and "B_simple is 0" in ns.reason
+
+
 def test_sweep_json_round_trip_render_and_old_sweep_json(tmp_path: Path) -> None:
     result = _sweep({64: 1000.0, 128: 1400.0, 256: 1700.0, 512: 1790.0}, 32.0)
     write_sweep(tmp_path, result)

@@ -7,17 +7,22 @@ form keeps what tells such kernels apart: the function's own name and, in ``<…
 specific name inside its template arguments (``vectorized_elementwise_kernel<…MulFunctor…>``,
 ``Kernel2<…cutlass_80_simt_sgemm_64x64_8x5_nn_align1…>``), or ``<…>`` alone when they hold only
 types and numbers. The parameter list goes. C-style names (``ampere_sgemm_128x64_nn``) pass
-unchanged. The full name stays in JSON and in report.html (on hover).
+unchanged, and so does anything that does not start as a C++ name does (a ``<script>`` or
+``[link=…]`` planted in a trace is shown whole, escaped by the renderer, never rewritten). The
+full name stays in JSON and in report.html (on hover).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
-__all__ = ["short_kernel_name"]
+__all__ = ["short_kernel_name", "short_kernel_names"]
 
 ELLIPSIS = "…"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CPP_START = re.compile(r"(?:\(anonymous namespace\)::)*[A-Za-z_]")
+"""How a demangled C++ (or C) name starts: an identifier, maybe in an anonymous namespace."""
 _STOP = frozenset(
     [
         "float",
@@ -95,14 +100,27 @@ def _most_specific(args: str) -> str | None:
     return best
 
 
-def short_kernel_name(name: str, width: int = 48) -> str:
-    """The table form of ``name`` (module docstring), at most ``width`` characters: past it the
-    inner name, then the function's own, is cut at its end and marked ``…`` (a name's start is
-    what tells it apart: ``sm80_xmma_gemm_f32f32…``). Never longer than ``name`` itself."""
+def _strip(name: str) -> str:
     text = name.strip()
     for prefix in ("void ", "static ", "__global__ "):
         if text.startswith(prefix):
             text = text[len(prefix) :]
+    return text
+
+
+def _fit(short: str, name: str, width: int) -> str:
+    if len(short) > width:
+        short = short[: width - 1] + ELLIPSIS
+    return short if len(short) < len(name) else name
+
+
+def short_kernel_name(name: str, width: int = 48) -> str:
+    """The table form of ``name`` (module docstring), at most ``width`` characters: past it the
+    inner name, then the function's own, is cut at its end and marked ``…`` (a name's start is
+    what tells it apart: ``sm80_xmma_gemm_f32f32…``). Never longer than ``name`` itself."""
+    text = _strip(name)
+    if not _CPP_START.match(text):
+        return name
     if "<" not in text and "(" not in text and "::" not in text:
         short = text
     else:
@@ -117,6 +135,80 @@ def short_kernel_name(name: str, width: int = 48) -> str:
             short = f"{func}<{ELLIPSIS}{inner}{tail}>"
         else:
             short = f"{func}<{ELLIPSIS}>" if args else func
-    if len(short) > width:
-        short = short[: width - 1] + ELLIPSIS
-    return short if len(short) < len(name) else name
+    return _fit(short, name, width)
+
+
+def _split_args(args: str) -> list[str]:
+    """Template arguments split at their top-level commas."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(args):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(args[start:i].strip())
+            start = i + 1
+    out.append(args[start:].strip())
+    return out
+
+
+_QUALIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::|\(anonymous namespace\)::")
+"""A namespace or class qualifier (``at::native::``), dropped from a template argument shown."""
+
+
+def _arg_forms(func: str, arg: str, width: int) -> tuple[str, str]:
+    """(head, tail) forms of ``func`` with one template argument, at most ``width`` long: its
+    start (``Kernel<…cutlass_80_tensorop_s1688gemm_25…>``) and its end from a word boundary
+    (``Kernel<…s1688gemm_256x64_16x4_nn_align4>``), for names that differ late."""
+    room = max(8, width - len(func) - 4)
+    if len(arg) <= room:
+        whole = f"{func}<{ELLIPSIS}{arg}{ELLIPSIS}>"
+        return whole, whole
+    head = f"{func}<{ELLIPSIS}{arg[: room - 1]}{ELLIPSIS}>"
+    end = arg[-room:]
+    cut = end.find("_")
+    if 0 <= cut < len(end) - 1:
+        end = end[cut + 1 :]
+    return head, f"{func}<{ELLIPSIS}{end}>"
+
+
+def _told_apart(names: Sequence[str], width: int) -> list[str] | None:
+    """Short forms of ``names`` (one short form, different names) that show the first template
+    argument in which they differ, namespaces dropped (``bn_bw_1C11_kernel_new<…128…>`` and
+    ``<…32…>``), its end when its start does not tell them apart; None when neither does."""
+    parts = [_function_and_args(_strip(n).replace("(anonymous namespace)::", "")) for n in names]
+    arg_lists = [_split_args(args) for _, args in parts]
+    for i in range(max(len(a) for a in arg_lists)):
+        column = [a[i] if i < len(a) else "" for a in arg_lists]
+        if len(set(column)) < 2:
+            continue
+        forms = []
+        for (qualified, _), arg, name in zip(parts, column, names, strict=True):
+            func = qualified.rsplit("::", 1)[-1].strip() or qualified.strip()
+            head, tail = _arg_forms(func, _QUALIFIER.sub("", arg), width)
+            forms.append((_fit(head, name, width), _fit(tail, name, width)))
+        for k in (0, 1):
+            out = [f[k] for f in forms]
+            if len(set(out)) == len(names):
+                return out
+        return None
+    return None
+
+
+def short_kernel_names(names: Sequence[str], width: int = 48) -> list[str]:
+    """``short_kernel_name`` of each name in a table, where different names that share a short
+    form are told apart by the first template argument in which they differ (two cuDNN batch
+    norms, ``<…128…>`` and ``<…32…>``); a name listed twice keeps one short form."""
+    shorts = [short_kernel_name(n, width) for n in names]
+    groups: dict[str, list[str]] = {}
+    for name, short in zip(names, shorts, strict=True):
+        if name not in groups.setdefault(short, []):
+            groups[short].append(name)
+    better: dict[str, str] = {}
+    for group in groups.values():
+        if len(group) > 1:
+            told = _told_apart(group, width)
+            if told is not None:
+                better.update(zip(group, told, strict=True))
+    return [better.get(n, s) for n, s in zip(names, shorts, strict=True)]

@@ -1,10 +1,12 @@
 """Render a :class:`JobTraceSummary`: a rich terminal summary, or the ``--json`` document.
 
 Rendering only: every number comes from :mod:`mgprof.analyze.trace.summary`; a figure that does
-not apply is printed as "n/a" and its reason is listed under the tables. Names from the trace
-(kernels, ops, collective types, paths, notes) enter rich as ``Text`` through ``safe_text``:
-never markup (``[/x]`` would raise, ``[link=...]`` would plant a hyperlink), no control
-characters.
+not apply is printed as "n/a" and its reason is listed under the tables, once per reason, the
+figures it covers named in words (``--json`` keeps the figures' keys): a CPU-only trace's many
+device figures are one line. C++ kernel names are shown short (``mgprof.report.kernel_names``;
+``--json`` has them whole). Names from the trace (kernels, ops, collective types, paths, notes)
+enter rich as ``Text`` through ``safe_text``: never markup (``[/x]`` would raise, ``[link=...]``
+would plant a hyperlink), no control characters.
 """
 
 from __future__ import annotations
@@ -16,13 +18,20 @@ import msgspec
 
 from mgprof.analyze.trace.job import JobTraceSummary
 from mgprof.analyze.trace.summary import RankTraceSummary, TraceTotals
+from mgprof.report.kernel_names import short_kernel_names
 from mgprof.report.safe_text import rich_text
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
-__all__ = ["JSON_SCHEMA_VERSION", "job_to_json", "jobs_to_json", "render_job"]
+__all__ = [
+    "JSON_SCHEMA_VERSION",
+    "job_to_json",
+    "jobs_to_json",
+    "not_applicable_lines",
+    "render_job",
+]
 
 JSON_SCHEMA_VERSION = 1
 _TOTAL_KEYS = (
@@ -68,6 +77,46 @@ def job_to_json(job: JobTraceSummary) -> dict[str, Any]:
 def jobs_to_json(jobs: Sequence[JobTraceSummary]) -> dict[str, Any]:
     """The whole ``mgprof trace --json`` document (always a list of jobs, one per folder)."""
     return {"schema_version": JSON_SCHEMA_VERSION, "jobs": [job_to_json(j) for j in jobs]}
+
+
+CPU_ONLY = "CPU-only trace"
+"""How the trace engine starts the reasons of a CPU trace's device figures (no kernels, no
+device events, no device copies): said once, as one line."""
+
+
+def not_applicable_lines(job: JobTraceSummary) -> list[str]:
+    """The figures that do not apply, one line per reason: the figures in words and the ranks
+    it holds for (``data loader (ranks 0, 1): no enumerate(DataLoader)#* spans in the trace``);
+    every ``CPU-only trace: …`` reason is the one line ``CPU-only trace: device figures do not
+    apply`` (with the ranks when not every rank's trace is CPU-only)."""
+    # here, not at the top: the run report's model imports the run analysis' schema, which
+    # ``mgprof trace --json`` never needs (a quarter of a second)
+    from mgprof.report.run.section_model import figure_words, who_words, words_list
+
+    cpu_ranks: list[str] = []
+    figures: dict[str, list[str]] = {}
+    who: dict[str, list[str]] = {}
+    for r in job.ranks:
+        rank = f"rank {r.rank if r.rank is not None else '?'}"
+        for key, why in r.not_applicable.items():
+            if why.startswith(CPU_ONLY):
+                cpu_ranks.append(rank)
+                continue
+            figures.setdefault(why, []).append(figure_words(key))
+            who.setdefault(why, []).append(rank)
+    for key, why in job.not_applicable.items():
+        figures.setdefault(why, []).append(figure_words(key))
+        who.setdefault(why, [])
+    lines = []
+    if cpu_ranks:
+        every = len(set(cpu_ranks)) == len(job.ranks)
+        where = "" if every else f" ({who_words(cpu_ranks)})"
+        lines.append(f"{CPU_ONLY}{where}: device figures do not apply")
+    for why, names in figures.items():
+        ranks = who_words(who[why])
+        several = len(job.ranks) > 1 and ranks
+        lines.append(f"{words_list(names)}" + (f" ({ranks})" if several else "") + f": {why}")
+    return lines
 
 
 def _fmt(v: float | None, unit: str = "%") -> str:
@@ -131,6 +180,18 @@ def _render_fsdp(job: JobTraceSummary, console: Console) -> None:
                 multiline=True,
             )
         )
+
+
+def _bullets(notes: Sequence[str], console: Console) -> None:
+    """``  • note``, one per note, a wrapped note indented under its text."""
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for note in notes:
+        grid.add_row("  •", rich_text(note, multiline=True))
+    console.print(grid)
 
 
 def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
@@ -277,16 +338,17 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     for r in job.ranks:
         if not r.top_kernels:
             continue
-        # the name last: it takes the room the figures leave and folds
+        # the name last, in its short form: it takes the room the figures leave
+        kernels = r.top_kernels[:top]
         kernel_rows: list[list[str | Text]] = [
             [
                 str(k.count),
                 _fmt(k.total_us, "ms"),
                 _fmt(k.pct_of_compute),
                 rich_text(k.kind),
-                rich_text(k.name),
+                rich_text(short),
             ]
-            for k in r.top_kernels[:top]
+            for k, short in zip(kernels, short_kernel_names([k.name for k in kernels]))
         ]
         print_fitted(
             console,
@@ -316,13 +378,8 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     ]
     if health:
         console.print("[bold]Trace health[/]")
-        for note in health:
-            console.print(rich_text(f"  • {note}", multiline=True))
-    notes = [
-        f"rank {r.rank}: {key}: {why}" for r in job.ranks for key, why in r.not_applicable.items()
-    ]
-    notes += [f"job: {key}: {why}" for key, why in job.not_applicable.items()]
+        _bullets(health, console)
+    notes = not_applicable_lines(job)
     if notes:
         console.print("[bold]Not applicable[/]")
-        for note in notes:
-            console.print(rich_text(f"  • {note}", multiline=True))
+        _bullets(notes, console)

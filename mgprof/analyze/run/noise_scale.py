@@ -523,6 +523,12 @@ def sweep_noise_scale(
     if est.b_simple is None:
         out.reason = est.reason
         return out
+    if est.b_simple <= 0:  # no gradient noise at all: a batch size cannot be weighed against it
+        out.reason = (
+            "B_simple is 0: the ranks' gradients did not differ (every rank trained on the same "
+            "batches?), so there is no noise scale to weigh batch sizes against"
+        )
+        return out
     usable = _usable(result)
     if not usable:
         out.reason = "no fitted trial within the memory margin measured a throughput"

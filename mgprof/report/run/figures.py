@@ -118,11 +118,11 @@ def utilisation_section(analysis: RunAnalysis) -> Section:
         devices = rank.devices
         busy = c.get(rank.trace_busy_pct, one, "trace_busy_pct")
         # Achieved/peak/MFU share one reason (the MFU one): one footnote, not three.
-        achieved = c.get(rank.achieved_tflops, fixed(2), "mfu_pct", label="mfu_pct")
-        peak = c.get(rank.peak_tflops, one, "mfu_pct", label="mfu_pct")
+        achieved = c.get(rank.achieved_tflops, fixed(2), "mfu_pct", label="TFLOP/s and MFU")
+        peak = c.get(rank.peak_tflops, one, "mfu_pct", label="TFLOP/s and MFU")
         if rank.peak_tflops is not None and rank.peak_dtype:
             peak += f" ({rank.peak_dtype})"
-        mfu = c.get(rank.mfu_pct, one, "mfu_pct")
+        mfu = c.get(rank.mfu_pct, one, "mfu_pct", label="TFLOP/s and MFU")
         name = rank.device_name or ""
         # DataParallel: one row per device (NVML per device), trace figures on the rank's row.
         if len(devices) > 1:
@@ -235,12 +235,14 @@ def communication_section(analysis: RunAnalysis) -> Section:
                     str(rank.rank),
                     ctype,
                     "-" if count is None else str(count),
-                    c.get(given(f.total_us), ms_from_us, "collective total_us"),
-                    c.get(given(f.exposed_us), ms_from_us, "collective exposed_us"),
+                    c.get(given(f.total_us), ms_from_us, "collective time"),
+                    c.get(given(f.exposed_us), ms_from_us, "exposed collective time"),
                     f"{bw:,.2f}"
                     if bw is not None
                     else notes.mark(
-                        f"{ctype} busbw", bw_reason or "bytes or group size unknown", who_of(rank)
+                        f"{ctype} bus bandwidth",
+                        bw_reason or "bytes or group size unknown",
+                        who_of(rank),
                     ),
                 ]
             )
@@ -423,7 +425,10 @@ def slowest_section(analysis: RunAnalysis) -> Section:
 def top_kernels_section(analysis: RunAnalysis) -> Section | None:
     traces = analysis.traces.ranks
     table = Table(
-        ["rank", "count", "total ms", "% of compute", "kernel"], numeric_from=1, text_last=True
+        ["rank", "count", "total ms", "% of compute", "kernel"],
+        numeric_from=1,
+        text_last=True,
+        kernel_names=4,
     )
     for rank_key in sorted(traces, key=lambda k: (len(k), k)):
         for summary in traces[rank_key]:

@@ -16,6 +16,7 @@ from mgprof.analyze.run.schema import RunAnalysis, decode_analysis
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run.sections import Section, Table, build_sections, definitions
+from mgprof.report.run.summary import RunSummary, run_summary
 from mgprof.report.safe_text import md_code, md_text, printable
 
 
@@ -32,15 +33,25 @@ def _table(table: Table) -> list[str]:
         + "|".join("---" if table.is_text(i) else "---:" for i in range(len(table.columns)))
         + "|",
     ]
-    lines.extend("| " + " | ".join(escape_md(c) for c in row) + " |" for row in table.rows)
+    lines.extend("| " + " | ".join(escape_md(c) for c in row) + " |" for row in table.shown_rows())
     return lines
+
+
+def summary_markdown(summary: RunSummary) -> list[str]:
+    """The summary as a list: ``- **step time:** …``, then one item per finding named."""
+    lines = ["## Summary", ""]
+    lines += [f"- **{escape_md(line.label)}:** {escape_md(line.text)}" for line in summary.lines]
+    for severity, text in summary.finding_rows():
+        label = f"\\[{escape_md(severity)}\\]" if severity else "findings:"
+        lines.append(f"- **{label}** {escape_md(text)}")
+    return [*lines, ""]
 
 
 def section_markdown(section: Section) -> list[str]:
     lines = [f"## {escape_md(section.title)}", ""]
     if section.brief is not None:
         return [*lines, escape_md(section.brief), ""]
-    if section.notice:
+    if section.notice:  # in one line in the summary; in full here
         lines += [f"> **CPU fallback:** {escape_md(section.notice)}", ""]
     if section.facts:
         lines += ["| | |", "|---|---|"]
@@ -94,11 +105,13 @@ def _failure(summary: FailureSummary) -> list[str]:
 
 
 def run_to_markdown(run: RunRecord, analysis: RunAnalysis | Mapping[str, Any]) -> str:
-    """The run report as one Markdown document (same sections as the terminal report).
+    """The run report as one Markdown document (same sections as the terminal report), the
+    summary first (``summary``).
 
-    A failed run's report opens with the failure summary, then Setup; the other sections
-    follow only when enough steps were recorded to give figures (``failure_summary``). An
-    analysis dict (``analyze_run``'s, run.json's) is decoded first (``decode_analysis``).
+    A failed run's report opens with the failure summary, then the summary and Setup; the
+    other sections (and the summary) follow only when enough steps were recorded to give
+    figures (``failure_summary``). An analysis dict (``analyze_run``'s, run.json's) is decoded
+    first (``decode_analysis``).
     """
     analysis = decode_analysis(analysis)
     title = escape_md(run.run_id or run.script or "run")
@@ -109,6 +122,8 @@ def run_to_markdown(run: RunRecord, analysis: RunAnalysis | Mapping[str, Any]) -
     else:
         lines += _failure(summary)
         sections = sections_after(summary, run, analysis)
+    if summary is None or summary.full_report:
+        lines += summary_markdown(run_summary(run, analysis))
     for section in sections:
         lines += section_markdown(section)
     if summary is not None and not summary.full_report:

@@ -11,6 +11,8 @@ something without opening a file::
     mgprof: full report: mgprof report mgprof-runs/20260101T120000Z-train
 
 Only figures that were measured are shown: a missing figure is left out, never printed as 0.
+The step time is the slowest rank's, as in the run report's summary (``summary.slowest_step``);
+these lines round to about three significant digits, the report as its tables do.
 Pure: a ``RunRecord`` and its analysis in, strings out, ready for a plain ``write``: the path,
 error and finding title they quote have their control characters shown escaped
 (``safe_text.printable``; newlines of a multi-line error are kept).
@@ -25,6 +27,7 @@ from collections.abc import Callable, Sequence
 from mgprof.analyze.run.results import RankAnalysis
 from mgprof.analyze.run.schema import RunAnalysis, given
 from mgprof.records import RunRecord
+from mgprof.report.run.summary import slowest_step
 from mgprof.report.safe_text import printable
 
 PREFIX = "mgprof: "
@@ -73,16 +76,16 @@ def _step_line(run: RunRecord, analysis: RunAnalysis) -> str | None:
     ranks = analysis.ranks
     if not ranks:
         return None
-    timed = [(r.step_time_ms.mean, r) for r in ranks if r.step_time_ms is not None]
-    if not timed:
+    slowest = slowest_step(ranks)  # the rank the run report's summary quotes too
+    if slowest is None or slowest.step_time_ms is None:
         if all(r.steps_total == 0 for r in ranks):
             return PREFIX + "no steps recorded: call prof.step() once per iteration"
         return None
-    mean, slowest = max(timed, key=lambda t: t[0])
-    p95 = slowest.step_time_ms.p95 if slowest.step_time_ms is not None else None
-    inner = [f"p95 {_ms(p95)}"] if p95 is not None else []
-    if len(timed) > 1:
-        inner.append(f"slowest of {len(timed)} ranks")
+    mean, p95 = slowest.step_time_ms.mean, slowest.step_time_ms.p95
+    inner = [f"p95 {_ms(p95)}"]
+    timed = sum(r.step_time_ms is not None for r in ranks)
+    if timed > 1:
+        inner.append(f"slowest of {timed} ranks")
     text = f"step {_ms(mean)} ms" + (f" ({', '.join(inner)})" if inner else "")
     rate = analysis.job.samples_per_s if analysis.job is not None else None
     if rate is not None:

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
-from rich.panel import Panel
 from rich.table import Table as RichTable
 from rich.text import Text
 
@@ -21,6 +20,7 @@ from mgprof.records import RunRecord
 from mgprof.report.failure_summary import FailureSummary, failure_summary, sections_after
 from mgprof.report.run.sections import Section, Table, build_sections
 from mgprof.report.run.sections import definitions as figure_definitions
+from mgprof.report.run.summary import RunSummary, run_summary
 from mgprof.report.safe_text import printable, rich_text
 from mgprof.report.term_table import Col, print_fitted
 
@@ -44,7 +44,7 @@ def _table(table: Table, console: Console) -> None:
     """The table at the console's width: numbers whole, columns that do not fit continued in a
     second table (``term_table``)."""
     columns = [Col(printable(c), numeric=not table.is_text(i)) for i, c in enumerate(table.columns)]
-    rows = [[_cell(c) for c in row] for row in table.rows]
+    rows = [[_cell(c) for c in row] for row in table.shown_rows()]
     print_fitted(console, columns, rows, labels=min(table.numeric_from, len(columns)))
 
 
@@ -91,6 +91,23 @@ def _finding(finding: Finding, console: Console) -> None:
     console.print(grid)
 
 
+def render_summary(summary: RunSummary, console: Console) -> None:
+    """The summary (``summary``): a label and a line per figure, then the top findings with
+    their severity in colour in the label column; a long line wraps under its text."""
+    console.rule(Text("Summary", style="bold"), align="left")
+    grid = RichTable.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for line in summary.lines:
+        grid.add_row(rich_text(line.label, "bold"), _cell(line.text, multiline=True))
+    for severity, text in summary.finding_rows():
+        style = _SEVERITY_STYLE.get(severity.lower(), "")
+        label = rich_text(f"[{severity}]", style) if severity else rich_text("findings", "bold")
+        grid.add_row(label, rich_text(text, multiline=True))
+    console.print(grid)
+    console.print()
+
+
 def render_section(section: Section, console: Console) -> None:
     if section.brief is not None:
         console.print(
@@ -99,13 +116,11 @@ def render_section(section: Section, console: Console) -> None:
         console.print()
         return
     console.rule(rich_text(section.title, style="bold"), align="left")
-    if section.notice:
+    if section.notice:  # the summary has it in one line; the whole of it here, unboxed
         console.print(
-            Panel(
+            Text.assemble(
+                rich_text("CPU fallback: ", "bold yellow"),
                 rich_text(section.notice, multiline=True),
-                title=Text("CPU fallback", style="bold yellow"),
-                border_style="yellow",
-                expand=True,
             )
         )
     if section.facts:
@@ -128,13 +143,15 @@ def render_run(
     *,
     definitions: bool = False,
 ) -> None:
-    """Print the run report: Setup, step time, regions, utilisation, energy, communication,
-    memory, data loading, slowest rank, top kernels (with traces), findings; the glossary of
-    figure definitions only when asked (``--definitions``: it is long, and the same every run).
+    """Print the run report: the summary (``summary``), then Setup, step time, regions,
+    utilisation, energy, communication, memory, data loading, slowest rank, top kernels (with
+    traces), findings; the glossary of figure definitions only when asked (``--definitions``:
+    it is long, and the same every run).
 
-    A failed run's report opens with the failure summary (``failure_summary``), then Setup;
-    the other sections follow only when enough steps were recorded to give figures. An
-    analysis dict (``analyze_run``'s, run.json's) is decoded first (``decode_analysis``).
+    A failed run's report opens with the failure summary (``failure_summary``), then the
+    summary and Setup; the other sections (and the summary) follow only when enough steps were
+    recorded to give figures. An analysis dict (``analyze_run``'s, run.json's) is decoded first
+    (``decode_analysis``).
     """
     analysis = decode_analysis(analysis)
     summary = failure_summary(run, analysis)
@@ -143,6 +160,8 @@ def render_run(
     else:
         _render_failure(summary, console)
         sections = sections_after(summary, run, analysis)
+    if summary is None or summary.full_report:
+        render_summary(run_summary(run, analysis), console)
     for section in sections:
         render_section(section, console)
     if summary is not None and not summary.full_report:
