@@ -91,9 +91,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     runs = {}
     for strategy in ("ddp", "fsdp"):
         out = root / strategy
+        # fsdp under --precision fp32 too: the precision route must not count FSDP's batch twice
+        precision = ["--precision", "fp32"] if strategy == "fsdp" else []
         proc = _mgprof(
             "analyze", str(SCRIPTS / "plain_blocks.py"), "--gpus", "2", "--strategy",
-            strategy, "--trace-steps", "1", "--quiet", "--out", str(out), "--",
+            strategy, "--trace-steps", "1", "--quiet", "--out", str(out), *precision, "--",
             "--steps", "8", "--save", str(saved),
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -148,6 +150,8 @@ def test_the_run_reads_as_fsdp_auto_wrapped(trained: dict[str, Path]) -> None:
     assert sync["auto_wrap"]["optimizer_params_repointed"] == 20  # 4 blocks x 4 + 2 x 2
     fsdp = run["ranks"][0]["training"]["fsdp"]
     assert fsdp["units"] == 5 and fsdp["unit_classes"] == {"Block": 4, "Net": 1}
+    for rank in run["ranks"]:  # the script's 32 per rank, counted once (not by both hooks)
+        assert {s["batch_size"] for s in rank["steps"]} == {32}, rank["steps"]
     assert fsdp["reshard_after_forward"] == [True]
     report = " ".join(_mgprof("report", str(trained["fsdp"])).stdout.split())  # unwrapped
     assert "FSDP2 (fully_shard per unit and on the root)" in report

@@ -40,7 +40,7 @@ from torch import nn
 
 from mgprof.collect.batchinfo import forward_samples
 from mgprof.collect.failopen import emit_line
-from mgprof.collect.wrapping import compile_watch
+from mgprof.collect.wrapping import compile_watch, fsdp_watch
 from mgprof.records import AutoWrapRecord
 
 AUTO_WRAP_ENV = "MGPROF_AUTO_WRAP"
@@ -80,7 +80,8 @@ def _routed_class(cls: type) -> type:
             return cls.__call__(self, *args, **kwargs)  # looked up now: never a stale patch
         _Route.inside = True
         try:
-            if self.training and torch.is_grad_enabled():
+            # an FSDP root's forwards are counted by fsdp_watch's hook (--precision routes it too)
+            if self.training and torch.is_grad_enabled() and not fsdp_watch.is_fsdp(self):
                 try:
                     forward_samples.add(args, kwargs)
                 except Exception:  # fail open: the step falls back to the DataLoader's count
@@ -441,10 +442,7 @@ def _kind(wrapper: nn.Module, target: nn.Module) -> Any:
 
 def _script_class(module: nn.Module) -> str:
     """The script's own class (FSDP2 swaps in ``FSDP<Class>``, a subclass of it)."""
-    cls = type(module)
-    if _is_fsdp(module):
-        own = [b for b in cls.__bases__ if b.__name__ != "FSDPModule"]
-        cls = own[0] if own else cls
+    cls = fsdp_watch.script_class(module) if _is_fsdp(module) else type(module)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 

@@ -130,9 +130,21 @@ def _own_class(module: Any) -> str:
     inner = getattr(module, "_fsdp_wrapped_module", None)
     if inner is not None:
         return type(inner).__name__
+    return script_class(module).__name__
+
+
+def script_class(module: Any) -> type:
+    """The first class in ``module``'s MRO that is not FSDP's (``FSDP<Class>``, ``FSDPModule``,
+    and mgprof's route around them, which subclasses them): the class the script wrote."""
     classes = fsdp_classes()
-    bases = [b for b in type(module).__bases__ if not (classes and issubclass(b, classes[0]))]
-    return bases[0].__name__ if bases else type(module).__name__
+    fsdp2 = classes[0] if classes else None
+    for cls in type(module).__mro__:
+        if cls is object:
+            continue
+        if fsdp2 is not None and issubclass(cls, fsdp2):
+            continue
+        return cls
+    return type(module)
 
 
 def _dtype(value: Any) -> str | None:
