@@ -36,6 +36,9 @@ ALLOWED: dict[str, set[str]] = {
     "commands": S | {"commands", "studies", "run", "collect", "analyze", "report", "view"},
     "cli": S | {"commands"},
     "testing": S | {"collect"},
+    # framework callbacks on the public API (``import mgprof``): the only place the frameworks
+    # are imported
+    "integrations": S | {"integrations"},
     "package": {"package"},  # mgprof/__init__.py maps public names lazily, by string
     "main": {"cli"},
 }
