@@ -20,8 +20,11 @@ from mgprof.analyze.findings import RULES, evaluate_findings
 from mgprof.analyze.run.analysis import analyze_run
 from mgprof.analyze.run.schema import decode_analysis
 from mgprof.records import (
+    AutoWrapRecord,
+    CompileRecord,
     DeviceInfo,
     DeviceSamples,
+    FsdpRecord,
     MemoryRecord,
     RankRecord,
     RunRecord,
@@ -673,6 +676,100 @@ def test_zero_gradients_names_gradients_that_never_arrived() -> None:
     assert ".detach()" in f["cause"]
 
 
+# ------------------------------------------------------------------ FSDP and torch.compile
+
+
+def fsdp_run(unit_parameters: list[int] | None = None) -> RunRecord:
+    """2 ranks that synchronised through FSDP (launched as ``--strategy fsdp``)."""
+    record = FsdpRecord(
+        api="fully_shard",
+        units=len(unit_parameters or [1, 1]),
+        unit_classes={"Block": 4, "Net": 1},
+        unit_parameters=unit_parameters or [400_000, 300_000, 300_000],
+    )
+    facts = TrainingFacts(cpu_threads=1, fsdp_forwards=10, fsdp=record)
+    return gpu_run(gpu_rank(0, training=facts), gpu_rank(1, training=facts), strategy="fsdp")
+
+
+def _row(strategy: str, step_ms: float, state_mib: float) -> dict[str, Any]:
+    rounds = [[step_ms * (1 + 0.01 * (i % 3)) for i in range(8)]]
+    return {
+        "strategy": strategy, "devices": 2, "run": strategy, "status": "complete",
+        "samples_per_s": 64_000.0 / step_ms, "samples_per_step": 64, "round_step_ms": rounds,
+        "grad_sync": "synchronised", "params_mib": state_mib / 4, "grads_mib": state_mib / 4,
+        "optimizer_mib": state_mib / 2, "peak_mem_mib": [9_000.0, 9_000.0],
+        "peak_mem_kind": "cuda allocated",
+    }  # fmt: skip
+
+
+DDP_FASTER = [_row("ddp", 10.0, 2_048.0), _row("fsdp", 25.0, 1_024.0)]
+
+
+def with_rows(analysis: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {**analysis, "comparison": {"comparison_id": "c", "mode": "weak", "rows": rows}}
+
+
+def test_fsdp_slower_than_ddp_needs_the_interval_above_one() -> None:
+    run = fsdp_run()
+    f = fired("fsdp_slower_than_ddp", run, with_rows(analysed(run), DDP_FASTER))
+    assert f is not None and f["figures"]["ddp_over_fsdp_low"] > 1.0
+    assert "2,048 MiB under ddp, 1,024 MiB sharded" in f["evidence"]
+    tied = [_row("ddp", 10.0, 2_048.0), _row("fsdp", 10.05, 1_024.0)]
+    assert fired("fsdp_slower_than_ddp", run, with_rows(analysed(run), tied)) is None
+    ddp = gpu_run()  # a DDP run in the same comparison gets no FSDP advice
+    assert fired("fsdp_slower_than_ddp", ddp, with_rows(analysed(ddp), DDP_FASTER)) is None
+
+
+def test_fsdp_unit_layout_only_for_one_dominant_unit() -> None:
+    run = fsdp_run()  # 40 % in the largest unit
+    assert fired("fsdp_unit_layout", run, analysed(run)) is None
+    run = fsdp_run(unit_parameters=[700_000, 200_000, 100_000])
+    f = fired("fsdp_unit_layout", run, analysed(run))
+    assert f is not None and f["figures"]["largest_unit_share_pct"] == pytest.approx(70.0)
+
+
+def compiled_run(order: str | None = None, breaks: int = 3) -> RunRecord:
+    wrap = AutoWrapRecord(wrapper="ddp", module_class="m.Net", parameters=10, compile_order=order)
+    counted = CompileRecord(graphs=2, graph_breaks=breaks, break_reasons=[f"{breaks}x print"])
+    facts = TrainingFacts(cpu_threads=1, ddp_sync_forwards=10, auto_wrap=wrap, compile=counted)
+    return gpu_run(gpu_rank(0, training=facts), gpu_rank(1, training=facts))
+
+
+def compiled_trace(run: RunRecord, tmp_path: Path, pct: float) -> dict[str, Any]:
+    """analyze_run with every rank's trace holding compiled regions covering ``pct``."""
+    (tmp_path / "traces").mkdir(exist_ok=True)
+    ranks = []
+    for rec in run.ranks:
+        rel = f"traces/rank{rec.rank}.pt.trace.json"
+        (tmp_path / rel).write_text("{}")
+        ranks.append(msgspec.structs.replace(rec, traces=[rel]))
+    regions = {
+        "frames": ["0/0", "1/0"], "recompiled_frames": 0, "regions": 6, "nested": 0,
+        "steps": 3, "regions_per_step": 2.0, "forward_us": 3_000.0 * pct,
+        "backward_us": 0.0, "window_us": 300_000.0, "compiled_pct": pct,
+    }  # fmt: skip
+    traced = msgspec.structs.replace(run, ranks=ranks)
+    return analyze_run(
+        traced, tmp_path, trace_analyzer=lambda p: {**summary(), "compiled": regions}
+    )
+
+
+def test_mostly_uncompiled_needs_breaks_and_a_low_share(tmp_path: Path) -> None:
+    run = compiled_run()
+    assert fired("mostly_uncompiled", run, compiled_trace(run, tmp_path, 20.0)) is not None
+    assert fired("mostly_uncompiled", run, compiled_trace(run, tmp_path, 80.0)) is None
+    clean = compiled_run(breaks=0)
+    assert fired("mostly_uncompiled", clean, compiled_trace(clean, tmp_path, 20.0)) is None
+
+
+def test_ddp_around_compiled_only_when_the_order_was_kept() -> None:
+    run = compiled_run(order="compile(ddp(model)) with the script's compile options")
+    assert fired("ddp_around_compiled", run, analysed(run)) is None
+    run = compiled_run(order="ddp(compiled): the model is torch's own Sequential, ...")
+    f = fired("ddp_around_compiled", run, analysed(run))
+    assert f is not None and "class of your own" in f["change"]
+
+
 # ------------------------------------------------------------------ the whole set
 
 
@@ -701,6 +798,10 @@ FIRING: dict[str, Callable[[Path], tuple[RunRecord, dict[str, Any]]]] = {
     "memory_imbalance": lambda p: (r := gpu_run(), with_memory(analysed(r), IMBALANCED)),
     "memory_fragmentation": lambda p: (r := gpu_run(), with_memory(analysed(r), FRAGMENTED)),
     "zero_gradients": lambda p: (r := grads_run([0.0, 0.0], [0.0, 0.0]), analysed(r)),
+    "fsdp_unit_layout": lambda p: (r := fsdp_run(unit_parameters=[1_000_000]), analysed(r)),
+    "fsdp_slower_than_ddp": lambda p: (r := fsdp_run(), with_rows(analysed(r), DDP_FASTER)),
+    "ddp_around_compiled": lambda p: (r := compiled_run(order="ddp(compiled): x"), analysed(r, p)),
+    "mostly_uncompiled": lambda p: (r := compiled_run(), compiled_trace(r, p, 20.0)),
 }
 
 

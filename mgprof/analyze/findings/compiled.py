@@ -37,6 +37,7 @@ def ddp_around_compiled(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     if overlaps:
         median = percentile(overlaps, 50.0)
         figs["median_comm_overlap_pct"] = median
+        figs["ranks_measured"] = len(overlaps)
         evidence += (
             f"; {median:.1f} % of the communication overlapped compute (median of "
             f"{len(overlaps)} ranks)"

@@ -40,6 +40,10 @@ def _state_mib(row: ComparisonRow) -> float | None:
     return None if any(p is None for p in parts) else sum(p or 0.0 for p in parts)
 
 
+def _mib(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def fsdp_slower_than_ddp(run: RunRecord, figures: RunAnalysis) -> Finding | None:
     """The same script under DDP, in the same comparison, was measurably faster and fit."""
     _, how = grad_sync_status(figures)
@@ -63,6 +67,7 @@ def fsdp_slower_than_ddp(run: RunRecord, figures: RunAnalysis) -> Finding | None
         "ddp_over_fsdp": interval.ratio,
         "ddp_over_fsdp_low": interval.low,
         "ddp_over_fsdp_high": interval.high,
+        "interval_pct": 95,
     }
     evidence = (
         f"in the same comparison ddp trained {ddp.samples_per_s:,.1f} samples/s and "
