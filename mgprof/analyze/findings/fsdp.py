@@ -78,7 +78,7 @@ def fsdp_slower_than_ddp(run: RunRecord, figures: RunAnalysis) -> Finding | None
     if ddp_state is not None and my_state is not None:
         figs["ddp_model_state_mib"], figs["fsdp_model_state_mib"] = ddp_state, my_state
         evidence += (
-            f"; model state per rank {ddp_state:,.3g} MiB under ddp, {my_state:,.3g} MiB sharded"
+            f"; model state per rank {_mib(ddp_state)} MiB under ddp, {_mib(my_state)} MiB sharded"
         )
     peaks = [p for p in ddp.peak_mem_mib if p is not None]
     if peaks:
