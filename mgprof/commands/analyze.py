@@ -8,36 +8,64 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mgprof.errors import UsageError
+from mgprof.commands import help_formatter
 
 
-def add_launch_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags shared by the commands that launch a script (analyze, compare, sweep)."""
-    p.add_argument("script", metavar="SCRIPT", help="training script to run")
+def add_launch_arguments(
+    p: argparse.ArgumentParser,
+    steps_default: str = "run the script to its end",
+    one_node: bool = False,
+) -> None:
+    """Flags shared by the commands that launch a script (analyze, compare, sweep).
+
+    ``steps_default``: what ``--steps`` does when not given, in the command's own words.
+    ``one_node``: the command runs on one node (compare, sweep): the multi-node flags are still
+    parsed (so giving one is refused with a reason) but left out of the help."""
+    p.add_argument("script", metavar="SCRIPT", help="training script to run, unmodified")
     p.set_defaults(script_args=[])  # filled by the CLI from everything after "--"
-    p.add_argument("--gpus", type=int, default=1, help="GPUs (or CPU ranks without CUDA) per node")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="GPUs per node; without CUDA, N CPU ranks over gloo stand in (default: 1)",
+    )
     p.add_argument(
         "--steps",
         type=int,
         default=None,
-        help="measure K steps after warm-up, then stop the script (default: run to end)",
+        metavar="K",
+        help=f"measure K steps after warm-up, then stop the script (default: {steps_default})",
     )
-    p.add_argument("--warmup", type=int, default=2, help="steps before measuring (default: 2)")
+    p.add_argument(
+        "--warmup", type=int, default=2, metavar="N", help="steps before measuring (default: 2)"
+    )
     p.add_argument(
         "--trace-steps",
         type=int,
         default=3,
         dest="active",
+        metavar="N",
         help="steps traced by torch.profiler after warm-up; 0 traces none (default: 3)",
     )
-    p.add_argument("--out", default="mgprof-runs", help="parent folder of run directories")
-    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument(
+        "--out",
+        default="mgprof-runs",
+        metavar="DIR",
+        help="parent folder of the run directories (default: mgprof-runs)",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print neither mgprof's start line nor its progress (the script's own output, "
+        "warnings and the result still print)",
+    )
     p.add_argument(
         "--no-auto-wrap",
         dest="auto_wrap",
         action="store_false",
-        help="under dp/ddp, do not wrap a model the script leaves unwrapped (its ranks then "
-        "train independent copies, and the report says so)",
+        help="under dp, ddp or fsdp, do not wrap (or shard) a model the script leaves as it is "
+        "(its ranks then train independent copies, and the report says so)",
     )
     p.add_argument(
         "--max-cpu-ranks",
@@ -72,11 +100,38 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         const=False,
         help="do not read the gradient norms at all",
     )
-    multi = p.add_argument_group("multi-node (passed to torchrun)")
-    multi.add_argument("--nnodes", type=int, default=1)
-    multi.add_argument("--node-rank", type=int, default=0)
-    multi.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
-    multi.add_argument("--rdzv-backend", default="c10d")
+    if one_node:
+        hidden = argparse.SUPPRESS
+        p.add_argument("--nnodes", type=int, default=1, help=hidden)
+        p.add_argument("--node-rank", type=int, default=0, help=hidden)
+        p.add_argument("--rdzv-endpoint", default=None, help=hidden)
+        p.add_argument("--rdzv-backend", default="c10d", help=hidden)
+        return
+    multi = p.add_argument_group(
+        "multi-node (passed to torchrun; run the same command on each node)"
+    )
+    multi.add_argument(
+        "--nnodes", type=int, default=1, metavar="N", help="nodes in the job (default: 1)"
+    )
+    multi.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        metavar="I",
+        help="this node's place, 0 to N-1 (default: 0)",
+    )
+    multi.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="where the nodes meet (needed with --nnodes > 1)",
+    )
+    multi.add_argument(
+        "--rdzv-backend",
+        default="c10d",
+        metavar="NAME",
+        help="torchrun's rendezvous backend: c10d or static (default: c10d)",
+    )
 
 
 def add_definitions_flag(p: argparse.ArgumentParser) -> None:
@@ -96,13 +151,31 @@ def script_output_for(fmt: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
+ANALYZE_EPILOG = """\
+examples:
+  mgprof analyze train.py --gpus 2   2 DDP ranks: trace a few steps, print the report
+  mgprof analyze train.py --steps 3 --format md -- --lr 3e-4
+                                     one device, stopped after 2 warm-up + 3 measured steps,
+                                     the report as Markdown; arguments after -- go to the script
+  mgprof analyze train.py --gpus 4 --strategy dp
+                                     DataParallel over 4 GPUs in one process (needs CUDA)
+
+The run directory (--out/<time>-<script>) keeps run.json, the traces, report.md,
+report.html, timeline.json.gz and logs/rank<N>.log; 'mgprof report' renders it again."""
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "analyze",
         usage="mgprof analyze SCRIPT --gpus N [options] [-- SCRIPT_ARGS]",
         help="run a training script under mgprof (single, DataParallel, DDP or FSDP) and report",
-        description="Run SCRIPT under mgprof with N GPUs (N CPU ranks over gloo without CUDA), "
-        "trace a few steps, sample the devices, and print the report.",
+        description="Run SCRIPT, unmodified, under mgprof with N GPUs (N CPU ranks over gloo "
+        "without CUDA): trace a few steps, sample the devices, and print the report. The first "
+        "line says what runs where and the run directory; on a terminal a status line shows "
+        "the steps done and the time left, with the script's output above it. Each rank's "
+        "output is also kept in the run directory's logs/rank<N>.log.",
+        epilog=ANALYZE_EPILOG,
+        formatter_class=help_formatter(),
     )
     add_launch_arguments(p)
     p.add_argument(
@@ -167,14 +240,15 @@ def launch_config(args: argparse.Namespace, strategy: str | None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mgprof.report.progress import LaunchProgress
+    from mgprof.report.progress import LaunchDisplay
     from mgprof.report.safe_text import printable
-    from mgprof.run.finish import finish_run, print_report
     from mgprof.run.launcher import launch
 
     config = launch_config(args, args.strategy)
-    with LaunchProgress(enabled=not args.quiet, total=_total(args)) as progress:
-        result = launch(config, on_progress=progress.update)
+    with LaunchDisplay("analyze", enabled=not args.quiet) as display:
+        result = launch(config, observer=display)
+    from mgprof.run.finish import finish_run, print_report
+
     if config.nnodes > 1 and not any(r.rank == 0 for r in result.run.ranks):
         print(
             f"mgprof: this node ({config.node_rank}) sent its records to rank 0 on another node; "
@@ -198,11 +272,3 @@ def run(args: argparse.Namespace) -> int:
         return result.exit_code
     print_report(run_record, analysis, result.run_dir, args.format, definitions=args.definitions)
     return result.exit_code
-
-
-def _total(args: argparse.Namespace) -> int | None:
-    if args.steps is None:
-        return None
-    if args.steps < 1:
-        raise UsageError(f"--steps must be at least 1, got {args.steps}")
-    return args.warmup + args.steps

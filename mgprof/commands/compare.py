@@ -7,8 +7,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mgprof.commands import help_formatter
 from mgprof.commands.analyze import add_launch_arguments
 from mgprof.errors import UsageError
+
+EPILOG = """\
+examples:
+  mgprof compare train.py --gpus 2 --strategies single,ddp --rounds 1
+                                     one device against 2 DDP ranks, one round each
+  mgprof compare train.py --gpus 4 --strategies ddp,fsdp --precision fp32,bf16
+                                     on 4 GPUs: DDP against FSDP, each in fp32 and bf16
+
+Each row's run directory, comparison.json and report.md go into one folder under --out,
+whose path ends the table; 'mgprof report' renders that folder again."""
 
 
 def register(subparsers: Any) -> None:
@@ -18,13 +29,15 @@ def register(subparsers: Any) -> None:
         "[--rounds R] [--batch-size B [--global-batch]] [--precision fp32,bf16] [--out DIR] "
         "[-- SCRIPT_ARGS]",
         help="run a script as single device, DataParallel, DDP (and FSDP) and compare them",
-        description="Run SCRIPT, unmodified, under each strategy with the same warm-up, "
-        "measured steps and CPU threads per process, in interleaved rounds, and print step "
-        "time, speedup with its 95 % interval, scaling efficiency, communication share and "
-        "peak memory per device, with a verdict that names a winner only when the intervals "
-        "say so.",
+        description="Run SCRIPT, unmodified (mgprof wraps or shards its model for each "
+        "strategy), under each strategy with the same warm-up, measured steps and CPU threads "
+        "per process, in interleaved rounds, and print step time, speedup with its 95 % "
+        "interval, scaling efficiency, communication share and peak memory per device, with a "
+        "verdict that names a winner only when the intervals say so.",
+        epilog=EPILOG,
+        formatter_class=help_formatter(),
     )
-    add_launch_arguments(p)
+    add_launch_arguments(p, steps_default="10", one_node=True)
     p.set_defaults(steps=10)
     p.add_argument(
         "--strategies",
@@ -38,8 +51,9 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         metavar="B",
-        help="per-device batch (weak scaling), or the global batch with --global-batch; "
-        "reaches the script as mgprof.batch_size() (default: the script's own)",
+        help="per-device batch (weak scaling), or the global batch with --global-batch; set "
+        "on the script's DataLoader (and returned by mgprof.batch_size() in a script that "
+        "asks) (default: the script's own)",
     )
     p.add_argument(
         "--global-batch",
@@ -83,12 +97,39 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mgprof.commands.analyze import script_output_for
-    from mgprof.studies.compare import compare
+    from mgprof.report.progress import LaunchDisplay, study_line
+    from mgprof.run.launcher import devices_in_words
+    from mgprof.run.relay import observing
 
     if args.nnodes != 1 or args.rdzv_endpoint:
         raise UsageError("compare runs on one node; drop --nnodes/--rdzv-endpoint")
-    progress = None if args.quiet else _progress
-    with script_output_for(args.format):
+    rows = ", ".join(s.strip() for s in args.strategies.split(",") if s.strip())
+    precisions = f" at {args.precision}" if args.precision else ""
+
+    def first_line(facts: Any) -> str:
+        """At the first row's launch: the comparison has checked its arguments."""
+        return study_line(
+            "compare",
+            args.script,
+            f"as {rows}{precisions}",
+            devices_in_words(args.gpus),
+            f"{args.rounds} round{'s' if args.rounds != 1 else ''} of {args.warmup} warm-up "
+            f"+ {args.steps} measured steps per row",
+            str(Path(facts.run_dir).parent),
+        )
+
+    display = LaunchDisplay("compare", enabled=not args.quiet, first_line=first_line)
+    seen: set[str] = set()
+
+    def progress(row: str, counts: dict[int, int]) -> None:
+        """One line when each row starts: the table comes at the end."""
+        if row not in seen:
+            seen.add(row)
+            display.line(f"mgprof compare: running {row} ...")
+
+    with script_output_for(args.format), observing(display), display:
+        from mgprof.studies.compare import compare
+
         comp = compare(
             Path(args.script),
             gpus=args.gpus,
@@ -124,13 +165,3 @@ def run(args: argparse.Namespace) -> int:
 
         render_comparison(comp, Console(), str(where))
     return 0 if comp.rows and all(r.status == "complete" for r in comp.rows) else 1
-
-
-_seen: set[str] = set()
-
-
-def _progress(strategy: str, counts: dict[int, int]) -> None:
-    """One line when each strategy starts: the table comes at the end."""
-    if strategy not in _seen:
-        _seen.add(strategy)
-        print(f"mgprof compare: running {strategy} ...", file=sys.stderr, flush=True)

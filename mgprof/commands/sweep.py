@@ -7,8 +7,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mgprof.commands import help_formatter
 from mgprof.commands.analyze import add_launch_arguments
 from mgprof.errors import UsageError
+
+EPILOG = """\
+examples:
+  mgprof sweep train.py --batch-sizes 8,32 --steps 3
+                                     one device at batch 8 and 32, 3 measured steps each
+  mgprof sweep train.py --gpus 8 --range 16:1024 --until-oom
+                                     8 GPUs: grow the batch from 16 until memory runs out
+
+Each trial's run directory and sweep.json go into one folder under --out;
+'mgprof report' renders that folder again."""
 
 
 def register(subparsers: Any) -> None:
@@ -19,9 +30,12 @@ def register(subparsers: Any) -> None:
         help="find the batch-size sweet spot (throughput vs memory vs communication)",
         description="Run SCRIPT at several batch sizes (each trial its own processes), growing "
         "the batch geometrically until it runs out of memory or stops paying, then bisecting. "
-        "The batch reaches an unmodified script through its DataLoader (or mgprof.batch_size()).",
+        "The batch is set on the script's DataLoader, so the script runs unmodified (a script "
+        "may also read it with mgprof.batch_size()).",
+        epilog=EPILOG,
+        formatter_class=help_formatter(),
     )
-    add_launch_arguments(p)
+    add_launch_arguments(p, steps_default="8", one_node=True)
     p.set_defaults(steps=8)  # 3 traced + 1 writing the trace: 4 untraced steps measure it
     p.add_argument(
         "--strategy", choices=["single", "dp", "ddp", "fsdp", "fsdp-noreshard"], default=None,
@@ -44,8 +58,8 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     p.add_argument(
         "--global-batch", type=int, default=None, metavar="G",
-        help="fixed global batch: each trial sets MGPROF_ACCUM_STEPS = G / (batch x devices); "
-        "the script must read mgprof.accumulation_steps()",
+        help="fixed global batch: each trial accumulates G / (batch x devices) micro-batches "
+        "per update; the script must read that count with mgprof.accumulation_steps()",
     )  # fmt: skip
     p.add_argument(
         "--until-oom", action="store_true",
@@ -124,17 +138,40 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from mgprof.commands.analyze import script_output_for
-    from mgprof.report.sweep_view import render_sweep, sweep_to_json, sweep_to_markdown, trial_line
-    from mgprof.studies.sweep import run_sweep
+    from mgprof.report.progress import LaunchDisplay, study_line
+    from mgprof.run.launcher import devices_in_words
+    from mgprof.run.relay import observing
 
     config = sweep_config(args)
+    if config.batch_sizes is not None:
+        sizes = f"at batch sizes {','.join(map(str, config.batch_sizes))}"
+    else:
+        sizes = f"at batch sizes from {config.lo} up to {config.hi} (grown, then bisected)"
+
+    def first_line(facts: Any) -> str:
+        """At the first trial's launch: the sweep has checked its arguments."""
+        return study_line(
+            "sweep",
+            args.script,
+            sizes,
+            devices_in_words(args.gpus),
+            f"{args.warmup} warm-up + {args.steps} measured steps per trial",
+            str(Path(facts.run_dir).parent),
+        )
+
+    display = LaunchDisplay("sweep", enabled=not args.quiet, first_line=first_line)
 
     def progress(trial: Any) -> None:
-        if not args.quiet:
-            print(f"mgprof sweep: {trial_line(trial)}", file=sys.stderr, flush=True)
+        from mgprof.report.sweep_view import trial_line
 
-    with script_output_for(args.format):
+        display.line(f"mgprof sweep: {trial_line(trial)}")
+
+    with script_output_for(args.format), observing(display), display:
+        from mgprof.studies.sweep import run_sweep
+
         result = run_sweep(config, on_trial=progress)
+    from mgprof.report.sweep_view import render_sweep, sweep_to_json, sweep_to_markdown
+
     if args.format == "json":
         sys.stdout.write(sweep_to_json(result))
     elif args.format == "md":

@@ -9,14 +9,14 @@ afterwards completes the run directory (status, exit code, ranks that never repo
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import TYPE_CHECKING, Any
 
 from mgprof import rundir
 from mgprof.collect.envknobs import (
@@ -30,17 +30,6 @@ from mgprof.collect.session.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
 from mgprof.run import entry
-from mgprof.run.failures import is_torchrun_line
-
-# The end of a launch lives in finalize.py; its names stay reachable here, where the tests and
-# ``launch()`` look them up (``launch()`` calls ``finalize`` through this module's namespace).
-from mgprof.run.finalize import LOG_TAIL_BYTES as LOG_TAIL_BYTES
-from mgprof.run.finalize import _exception as _exception
-from mgprof.run.finalize import _failure as _failure
-from mgprof.run.finalize import _log_exception as _log_exception
-from mgprof.run.finalize import _rank_error as _rank_error
-from mgprof.run.finalize import _rank_said as _rank_said
-from mgprof.run.finalize import finalize as finalize
 from mgprof.run.process_tree import (
     ProcessTree,
     Stopped,
@@ -48,6 +37,42 @@ from mgprof.run.process_tree import (
     signal_group,
     stop_signals,
 )
+from mgprof.run.ranklog import LOGS_DIR
+from mgprof.run.relay import (
+    LaunchObserver,
+    RankLogNotes,
+    RankOfPid,
+    Tail,
+    current_observer,
+)
+
+if TYPE_CHECKING:
+    from mgprof.report.progress import LaunchFacts
+
+_FINALIZE_NAMES = (
+    "LOG_TAIL_BYTES",
+    "_exception",
+    "_failure",
+    "_log_exception",
+    "_rank_error",
+    "_rank_said",
+    "finalize",
+)
+"""The end of a launch lives in finalize.py; its names stay reachable here, where the tests and
+``launch()`` look them up (``launch()`` calls ``finalize`` through this module's namespace).
+They load on first use: finalize pulls in the analysis schema and numpy (most of a second), and
+mgprof's first line comes before anything needs them."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FINALIZE_NAMES:
+        from mgprof.run import finalize as _finalize_module
+
+        value = getattr(_finalize_module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 STRATEGIES = ("single", "dp", "ddp", "fsdp", "fsdp-noreshard")
 SHARDED = ("fsdp", "fsdp-noreshard")
@@ -62,6 +87,7 @@ def one_process_per_rank(strategy: str) -> bool:
 
 
 STDERR_TAIL_LINES = 40
+STDOUT_TAIL_LINES = 5
 AUTO_WRAP_ENV = "MGPROF_AUTO_WRAP"
 """Mirrors ``mgprof.collect.wrapping.autowrap.AUTO_WRAP_ENV`` (the launcher does not import
 torch)."""
@@ -69,7 +95,6 @@ COLLECTIVE_TIMEOUT_ENV = "MGPROF_COLLECTIVE_TIMEOUT_S"
 """Seconds a collective may wait for its peers before the process group raises (workers'
 ``init_process_group`` timeout), so a rank stuck in a collective ends the run instead of hanging."""
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
-TORCHRUN_LINES_KEPT = 4000
 LOOPBACK_IFNAME = "lo"
 MAX_RANKS = 65536
 """More ranks than any job has: a larger --gpus is a typo, refused before anything starts."""
@@ -183,11 +208,49 @@ class Plan:
 
 
 def cuda_device_count() -> int:
-    """Visible CUDA devices, without creating a CUDA context in the launcher."""
+    """Visible CUDA devices, without creating a CUDA context in the launcher.
+
+    A torch built without CUDA (or ROCm) sees none: that is read from its ``version.py``
+    without importing torch (1-2 s, often more on a busy machine), so a CPU run's first line
+    comes at once. Otherwise torch counts them (through NVML, not a CUDA context)."""
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    if torch_build_has_gpu() is False:
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def devices_in_words(gpus: int) -> str:
+    """``on 2 CPU ranks over gloo (no CUDA device visible)``, ``on 4 of 8 visible GPUs``: what
+    ``--gpus`` will run on, for a study's first line (its rows may use fewer)."""
+    count = cuda_device_count()
+    if count == 0:
+        ranks = f"{gpus} CPU ranks over gloo" if gpus > 1 else "the CPU"
+        return f"on {ranks} (no CUDA device visible)"
+    return f"on {gpus} of {count} visible GPUs"
+
+
+_BUILD_FIELD = re.compile(r"^(cuda|hip)\s*(?::[^=]*)?=\s*(.+?)\s*$", re.MULTILINE)
+
+
+def torch_build_has_gpu() -> bool | None:
+    """Whether the installed torch was built with CUDA or ROCm, read from ``torch/version.py``
+    without importing torch; None when that cannot be told (torch then decides)."""
+    import importlib.util
+
+    if "torch" in sys.modules:
+        return None  # loaded already: asking it costs nothing
+    try:
+        spec = importlib.util.find_spec("torch")
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        text = (Path(folders[0]) / "version.py").read_text() if folders else ""
+    except (ImportError, OSError, ValueError, UnicodeDecodeError):
+        return None
+    fields = dict(_BUILD_FIELD.findall(text))
+    if set(fields) != {"cuda", "hip"}:
+        return None
+    return any(value != "None" for value in fields.values())
 
 
 def plan(config: LaunchConfig, device_count: int | None = None) -> Plan:
@@ -375,37 +438,19 @@ class LaunchResult:
 ProgressCallback = Callable[[dict[int, int]], None]
 
 
-class _Tail:
-    """Forward a child's stream to ours, keeping its last lines for the run record."""
+def launch(
+    config: LaunchConfig,
+    on_progress: ProgressCallback | None = None,
+    observer: LaunchObserver | None = None,
+) -> LaunchResult:
+    """Run the script under mgprof and complete its run directory. Returns the script's code.
 
-    def __init__(self, src: IO[bytes], dst: IO[bytes], keep: int) -> None:
-        self.lines: list[str] = []
-        self.torchrun: list[str] = []
-        """torchrun's failure-summary lines, kept however long the rest of the output is."""
-        self._keep = keep
-        self._thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
-        self._thread.start()
-
-    def _pump(self, src: IO[bytes], dst: IO[bytes]) -> None:
-        for raw in iter(src.readline, b""):
-            try:
-                dst.write(raw)
-                dst.flush()
-            except (OSError, ValueError):
-                pass
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line and not line.startswith("USDT:"):
-                self.lines.append(line)
-                del self.lines[: -self._keep]
-                if is_torchrun_line(line) and len(self.torchrun) < TORCHRUN_LINES_KEPT:
-                    self.torchrun.append(line)
-
-    def join(self) -> None:
-        self._thread.join(timeout=5)
-
-
-def launch(config: LaunchConfig, on_progress: ProgressCallback | None = None) -> LaunchResult:
-    """Run the script under mgprof and complete its run directory. Returns the script's code."""
+    ``observer`` (default: the one ``mgprof.run.relay.observing`` set, so a study's launches
+    report to the command's display) hears the plan before anything starts, the steps done, and
+    every line of the script's output; torch's own noise is kept off the terminal either way
+    (``mgprof.run.relay``).
+    """
+    observer = observer if observer is not None else current_observer()
     p = plan(config)
     run_dir = rundir.new_run_dir(config.out, config.run_name or config.script.stem)
     initial = RunRecord(
@@ -429,42 +474,130 @@ def launch(config: LaunchConfig, on_progress: ProgressCallback | None = None) ->
         ) from None
     cmd = worker_command(config, p)
     env = worker_env(config, p, run_dir)
-    crowded = oversubscription_warning(p, env)
-    if crowded:
-        print(crowded, file=sys.stderr)
+    say: Callable[[str], None] = observer.message if observer is not None else _stderr_line
+    if observer is not None:
+        observer.started(launch_facts(config, p, run_dir))
+    try:
+        crowded = oversubscription_warning(p, env)
+        if crowded:
+            say(crowded)
+        proc, stopped, leftovers, err_tail = _run_workers(
+            config, p, run_dir, cmd, env, on_progress, observer
+        )
+    finally:
+        if observer is not None:
+            observer.ended()
+    if leftovers:
+        say(f"mgprof: ended {leftovers} process(es) the script left running after it exited")
+    if on_progress is not None:
+        on_progress(read_progress(run_dir / ".progress"))
+    how = stopped.label if stopped is not None else None
+    finalize = sys.modules[__name__].finalize  # through the namespace (loaded on first use)
+    run = finalize(run_dir, initial, proc.returncode, err_tail.lines, how, err_tail.torchrun)
+    exit_code = 128 + stopped.signum if stopped is not None else shell_code(run.exit_code or 0)
+    return LaunchResult(run_dir=run_dir, run=run, exit_code=exit_code, plan=p, stopped=stopped)
+
+
+def _run_workers(
+    config: LaunchConfig,
+    p: Plan,
+    run_dir: Path,
+    cmd: list[str],
+    env: dict[str, str],
+    on_progress: ProgressCallback | None,
+    observer: LaunchObserver | None,
+) -> tuple[subprocess.Popen[bytes], Stopped | None, int, Tail]:
+    """Start the workers, relay their output, report progress, and wait for them (or stop
+    them on a signal). Returns the process, the stop, the leftovers ended and stderr's tail."""
+    notes = RankLogNotes(run_dir)
+    rank_of = RankOfPid(one_process=not one_process_per_rank(p.strategy))
     with stop_signals():
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
         tree = ProcessTree(proc.pid)
         script_out = sys.stderr if config.script_stdout_to_stderr else sys.stdout
-        out_tail = _Tail(proc.stdout, script_out.buffer, 5)  # type: ignore[arg-type]
-        err_tail = _Tail(proc.stderr, sys.stderr.buffer, STDERR_TAIL_LINES)  # type: ignore[arg-type]
+        out_tail = Tail(
+            proc.stdout,  # type: ignore[arg-type]
+            script_out.buffer,
+            STDOUT_TAIL_LINES,
+            notes=notes,
+            rank_of=rank_of,
+            observer=observer,
+        )
+        err_tail = Tail(
+            proc.stderr,  # type: ignore[arg-type]
+            sys.stderr.buffer,
+            STDERR_TAIL_LINES,
+            notes=notes,
+            rank_of=rank_of,
+            observer=observer,
+        )
         stopped: Stopped | None = None
         try:
             while proc.poll() is None:
-                if on_progress is not None:
-                    on_progress(read_progress(run_dir / ".progress"))
+                counts = None
+                if on_progress is not None or observer is not None:
+                    counts = read_progress(run_dir / ".progress")
+                if on_progress is not None and counts is not None:
+                    on_progress(counts)
+                if observer is not None and counts is not None:
+                    observer.progress(counts, *_ranks_begun_and_ended(run_dir))
+                notes.flush()
                 tree.scan(force=False)
+                rank_of.learn(tree.seen)
                 time.sleep(0.2)
         except Stopped as exc:
             stopped = exc
             _stop_tree(proc, tree, exc.forward, config.stop_grace_s)
-        code = proc.wait()
+        proc.wait()
         leftovers = tree.end_leftovers()
         out_tail.join()
         err_tail.join()
-    if leftovers:
-        print(
-            f"mgprof: ended {leftovers} process(es) the script left running after it exited",
-            file=sys.stderr,
-        )
-    if on_progress is not None:
-        on_progress(read_progress(run_dir / ".progress"))
-    how = stopped.label if stopped is not None else None
-    run = finalize(run_dir, initial, code, err_tail.lines, how, err_tail.torchrun)
-    exit_code = 128 + stopped.signum if stopped is not None else shell_code(run.exit_code or 0)
-    return LaunchResult(run_dir=run_dir, run=run, exit_code=exit_code, plan=p, stopped=stopped)
+        notes.flush()
+    if observer is not None:
+        observer.progress(read_progress(run_dir / ".progress"), *_ranks_begun_and_ended(run_dir))
+    return proc, stopped, leftovers, err_tail
+
+
+def _ranks_begun_and_ended(run_dir: Path) -> tuple[int, int]:
+    """Local ranks whose script has begun (their log exists) and ended (their record is
+    written: ``rundir.mark_finished``), for the progress display."""
+    counts = []
+    where = ((run_dir / LOGS_DIR, "rank*.log"), (run_dir / rundir.FINISHED, "rank*"))
+    for folder, pattern in where:
+        try:
+            counts.append(sum(1 for _ in folder.glob(pattern)))
+        except OSError:
+            counts.append(0)
+    return counts[0], counts[1]
+
+
+def _stderr_line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def launch_facts(config: LaunchConfig, p: Plan, run_dir: Path) -> LaunchFacts:
+    """What the launch runs, for the display's first line and status line."""
+    from mgprof.report.progress import LaunchFacts
+
+    label = config.run_name or config.script.name
+    return LaunchFacts(
+        script=str(config.script),
+        strategy=p.strategy,
+        world_size=p.world_size,
+        nproc_per_node=p.nproc_per_node,
+        nnodes=config.nnodes,
+        node_rank=config.node_rank,
+        cuda=p.cuda,
+        backend=p.backend,
+        cpu_fallback_reason=p.cpu_fallback_reason,
+        run_dir=str(run_dir),
+        warmup=config.warmup,
+        steps=config.steps,
+        active=config.active,
+        label=label,
+    )
 
 
 def shell_code(code: int) -> int:

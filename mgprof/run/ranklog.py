@@ -14,7 +14,10 @@ both streams interleaved as they were written:
   the rank is killed), like the unbuffered output the launcher asks of its workers.
 - **Python level.** What goes through ``sys.stdout``/``sys.stderr`` (prints, warnings, logging
   to the console, tracebacks) is kept; output written straight to file descriptors 1 and 2 by
-  C/C++ code (NCCL, gloo) is not, and still reaches the terminal as before.
+  C/C++ code (NCCL, gloo) is not, and still reaches the terminal as before. The exception is
+  the noise the launcher keeps off the terminal (torch's ``USDT:`` profiler lines, torchrun's
+  ``OMP_NUM_THREADS`` banner, ``mgprof.run.relay``): it appends those lines here, which is why
+  the file is opened for appending.
 - **Fail open.** Any error of the log (disk full, folder gone) turns the log off; the script's
   output and behaviour never change. A forked child (DataLoader worker) does not write to it.
 
@@ -76,7 +79,10 @@ class BoundedLog:
         self._lock = threading.RLock()
         """Reentrant: a signal handler that prints while a write holds it must not deadlock."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[bytes] | None = open(self.path, "wb", buffering=0)  # noqa: SIM115
+        # O_APPEND: the launcher appends the lines it keeps off the terminal (torch's profiler
+        # lines, torchrun's banner) to this file while the rank writes it
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+        self._fh: IO[bytes] | None = open(fd, "ab", buffering=0)  # noqa: SIM115
 
     def write(self, data: bytes) -> None:
         if self.broken or not data:
