@@ -32,9 +32,9 @@ def test_strategy_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chosen_strategy() == "single"
 
 
-@pytest.mark.parametrize("bad", ["fsdp", "DDP", "data-parallel"])
+@pytest.mark.parametrize("bad", ["zero3", "DDP", "data-parallel"])
 def test_invalid_strategy_is_a_value_error(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
-    with pytest.raises(ValueError, match="single, dp, ddp"):
+    with pytest.raises(ValueError, match="single, dp, ddp, fsdp, fsdp-noreshard"):
         chosen_strategy(bad)
     monkeypatch.setenv("MGPROF_STRATEGY", bad)
     with pytest.raises(ValueError, match=repr(bad)):
