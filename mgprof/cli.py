@@ -49,11 +49,13 @@ and the batch-size sweet spot. Without CUDA, ranks run on the CPU over gloo
 
 EPILOG = """\
 examples:
-  mgprof analyze train.py --gpus 4   4 DDP ranks: trace a few steps, report
-  mgprof analyze train.py --gpus 2 -- --lr 3e-4
+  mgprof analyze train.py --gpus 2   2 DDP ranks: trace a few steps, report
+  mgprof analyze train.py --steps 3 --format md -- --lr 3e-4
                                      arguments after -- go to the script
-  mgprof compare train.py --gpus 4   single GPU vs DataParallel vs DDP
-  mgprof sweep train.py --gpus 2     where a bigger batch stops paying
+  mgprof compare train.py --gpus 2 --strategies single,ddp --rounds 1
+                                     one device against DDP (also dp, fsdp)
+  mgprof sweep train.py --batch-sizes 8,32 --steps 3
+                                     where a bigger batch stops paying
   mgprof report mgprof-runs/RUN      re-render a run (--format md|json|html)
   mgprof diff BASE NEW --fail-on 5%  did a change make training slower, and why
   mgprof timeline mgprof-runs/RUN    every rank on one clock, for Perfetto

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mgprof.commands import help_formatter
 from mgprof.errors import UsageError
 
 EPILOG = """\
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
         "95 % bootstrap interval, utilisation, communication, memory, regions and kernels that "
         "moved, findings added or removed. Setup differences are listed first.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help_formatter(),
     )
     p.add_argument("base", metavar="BASE", help="run directory (or run.json) or trace folder")
     p.add_argument("new", metavar="NEW", help="run directory (or run.json) or trace folder")
@@ -59,7 +60,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     p.add_argument("--force", action="store_true", help="let --out replace an existing file")
     p.add_argument(
-        "--workers", type=int, default=None, metavar="N", help="processes for trace folders"
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes for trace folders (default: CPU count)",
     )
     from mgprof.commands.trace import add_engine_flags, add_max_trace_size
 

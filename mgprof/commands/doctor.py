@@ -7,12 +7,24 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mgprof.commands import help_formatter
+
+EPILOG = """\
+examples:
+  mgprof doctor                      check torch, CUDA, NCCL, NVML, GPUs
+  mgprof doctor --bandwidth --gpus 2 --out bw.json
+                                     measure collectives' bus bandwidth over 2 ranks and
+                                     keep it as a baseline for 'mgprof trace --bandwidth'"""
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "doctor",
         help="check Python, torch, CUDA, NCCL, NVML and GPUs; say what mgprof falls back to",
-        description=__doc__,
+        description="What this machine offers mgprof (Python, torch, CUDA, NCCL, NVML, the "
+        "GPUs), and what mgprof falls back to where something is missing.",
+        epilog=EPILOG,
+        formatter_class=help_formatter(),
     )
     parser.add_argument("--json", action="store_true", help="print the facts as JSON")
     parser.add_argument(
@@ -22,14 +34,21 @@ def register(subparsers: Any) -> None:
         "(nccl-tests' formulas; NCCL on GPUs, gloo on CPU ranks)",
     )
     parser.add_argument(
-        "--gpus", type=int, default=2, help="ranks for --bandwidth (GPUs, or CPU ranks; default 2)"
+        "--gpus",
+        type=int,
+        default=2,
+        metavar="N",
+        help="ranks for --bandwidth (GPUs, or CPU ranks without CUDA; default 2)",
     )
     parser.add_argument(
         "--sizes",
         default="64K,1M,16M",
+        metavar="LIST",
         help="message sizes for --bandwidth, bytes with K/M/G suffixes (default 64K,1M,16M)",
     )
-    parser.add_argument("--iters", type=int, default=10, help="timed calls per size (default 10)")
+    parser.add_argument(
+        "--iters", type=int, default=10, metavar="N", help="timed calls per size (default 10)"
+    )
     parser.add_argument(
         "--out",
         metavar="FILE",

@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from mgprof.commands import help_formatter
 from mgprof.commands.trace import add_max_trace_size, trace_size_override
 from mgprof.errors import UsageError
+
+EPILOG = """\
+examples:
+  mgprof timeline mgprof-runs/RUN    every rank on one clock: RUN/timeline.json.gz
+  mgprof timeline mgprof-runs/RUN --steps 3:4 --out steps.json.gz
+                                     only ProfilerStep#3 and #4, in a file of its own"""
 
 
 def register(subparsers: Any) -> None:
@@ -20,6 +27,8 @@ def register(subparsers: Any) -> None:
             "clock base). The offsets and their error are printed and written into the file's "
             "otherData. Open the file in https://ui.perfetto.dev or chrome://tracing."
         ),
+        epilog=EPILOG,
+        formatter_class=help_formatter(),
     )
     p.add_argument(
         "paths",
@@ -44,7 +53,7 @@ def register(subparsers: Any) -> None:
         "--out",
         metavar="FILE",
         help="output .json or .json.gz (default: RUN/timeline.json.gz for a run directory, "
-        "./timeline.json.gz otherwise)",
+        "which mgprof analyze already wrote and this replaces; ./timeline.json.gz otherwise)",
     )
     p.add_argument("--force", action="store_true", help="let --out replace an existing file")
     add_max_trace_size(p)

@@ -11,18 +11,39 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mgprof.commands import help_formatter
 from mgprof.errors import UsageError
+
+EPILOG = """\
+examples:
+  mgprof trace ./traces              a folder of torch.profiler traces, one file per rank
+  mgprof trace mgprof-runs/RUN --json --out summary.json
+                                     a run directory's traces, the figures as JSON
+  mgprof trace mgprof-runs/RUN --bandwidth bw.json
+                                     collectives' bus bandwidth against this machine's
+                                     (bw.json from 'mgprof doctor --bandwidth --out bw.json')"""
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "trace",
         help="analyse torch.profiler / Kineto traces (busy, comm overlap, collectives, kernels)",
-        description="Analyse torch.profiler traces: one folder = one job's rank files.",
+        description="Analyse torch.profiler traces, from any training run: per rank the busy "
+        "and idle time, communication and how much of it overlaps compute, the collectives "
+        "and the top kernels. One folder holds one job's rank files.",
+        epilog=EPILOG,
+        formatter_class=help_formatter(),
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="trace file(s) or folder(s)")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="trace file(s), folder(s) of one job's traces, or run directories (their traces/)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--top", type=int, default=10, metavar="N", help="top kernels to list")
+    p.add_argument(
+        "--top", type=int, default=10, metavar="N", help="top kernels to list (default: 10)"
+    )
     p.add_argument("--out", metavar="FILE", help="write the JSON to FILE (atomically)")
     p.add_argument("--force", action="store_true", help="let --out replace an existing file")
     p.add_argument(

@@ -15,11 +15,18 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
+from mgprof.commands import help_formatter
 from mgprof.errors import UsageError
 from mgprof.report.safe_text import printable
 from mgprof.run.process_tree import Stopped, stop_signals
 from mgprof.view import tensorboard as viewer
 from mgprof.view.named_logdir import named_logdir
+
+EPILOG = """\
+examples:
+  mgprof view mgprof-runs/RUN        one run; opens a browser on http://127.0.0.1:6006
+  mgprof view mgprof-runs --port 6007 --no-browser
+                                     every run in the folder, on another port"""
 
 
 def register(subparsers: Any) -> None:
@@ -28,8 +35,11 @@ def register(subparsers: Any) -> None:
         help="open a run's traces and scalars in TensorBoard",
         description=(
             "Serve a run directory (or a folder of runs) with TensorBoard and the PyTorch Profiler "
-            "plugin; writes mgprof's scalars to RUN_DIR/tb first. Needs the tensorboard extra."
+            "plugin, in the foreground until Ctrl-C; writes mgprof's scalars to RUN_DIR/tb first. "
+            "Needs the tensorboard extra: pip install 'mgprof[tensorboard]'."
         ),
+        epilog=EPILOG,
+        formatter_class=help_formatter(),
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory, or a folder of runs")
     p.add_argument(
