@@ -122,8 +122,7 @@ def test_every_command_has_a_help_and_examples(helps: dict[str, str]) -> None:
     without = [
         name
         for name in COMMANDS
-        # report's help belongs to another change; the top-level examples show it
-        if name != "report" and not examples(helps[name])
+        if not examples(helps[name])
     ]
     assert not without, f"commands whose --help shows no example: {without}"
     shown = {ex.split()[1] for ex in all_examples(helps)}

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from mgprof.commands import help_formatter
 from mgprof.commands.analyze import add_definitions_flag
 from mgprof.commands.trace import (
     add_engine_flags,
@@ -55,14 +56,29 @@ def _text_renderers() -> dict[str, Renderer]:
     return renderers
 
 
+EPILOG = """\
+examples:
+  mgprof report mgprof-runs/RUN      the run's report in the terminal, analysed again
+  mgprof report mgprof-runs/RUN --format md > report.md
+                                     the same as Markdown, into a file"""
+
+
 def register(subparsers: Any) -> None:
     formats = ["term", "json", "md"] + (["html"] if _html_renderer() is not None else [])
     p = subparsers.add_parser(
         "report",
-        help="render a saved run (run.json + traces) as a report",
-        description="Analyse a run directory made by 'mgprof analyze' and render its report.",
+        help="render a saved run, comparison or sweep as a report",
+        description="Render a run directory made by 'mgprof analyze' (analysed again from its "
+        "run.json and traces), or a folder made by 'mgprof compare' or 'mgprof sweep', in the "
+        "terminal, as JSON, as Markdown or as one self-contained HTML page.",
+        epilog=EPILOG,
+        formatter_class=help_formatter(),
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory (or its run.json)")
+    p.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="run directory (or its run.json), or a comparison's or sweep's folder",
+    )
     p.add_argument(
         "--format", choices=formats, default="term", help="output format (default: term)"
     )

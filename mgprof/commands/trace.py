@@ -75,7 +75,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--no-cache",
         action="store_true",
         help="analyse every trace again, neither reading nor writing the summary cache "
-        "($MGPROF_CACHE_DIR, default ~/.cache/mgprof)",
+        "(under $MGPROF_CACHE_DIR, default ~/.cache/mgprof)",
     )
 
 
