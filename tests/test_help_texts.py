@@ -119,11 +119,7 @@ def test_every_command_has_a_help_and_examples(helps: dict[str, str]) -> None:
     from mgprof.cli import COMMANDS
 
     assert set(helps) == {"mgprof", *COMMANDS}
-    without = [
-        name
-        for name in COMMANDS
-        if not examples(helps[name])
-    ]
+    without = [name for name in COMMANDS if not examples(helps[name])]
     assert not without, f"commands whose --help shows no example: {without}"
     shown = {ex.split()[1] for ex in all_examples(helps)}
     assert shown == set(COMMANDS), f"commands no example shows: {set(COMMANDS) - shown}"

@@ -182,6 +182,6 @@ def test_top_level_help_is_for_users_and_fits_80_columns() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "mgprof", "--help"], capture_output=True, text=True, env=env
     ).stdout
-    assert "examples:" in out and "mgprof analyze train.py --gpus 4" in out
+    assert "examples:" in out and "mgprof analyze train.py --gpus 2" in out
     assert "``" not in out and "map errors to exit codes" not in out  # no developer docstring
     assert max(len(line) for line in out.splitlines()) <= 80

@@ -14,6 +14,7 @@ Reading only: the update is untouched.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -33,7 +34,9 @@ _REDUCED = (torch.float16, torch.bfloat16, torch.float32)
 _pending: list[tuple[int, list[torch.Tensor] | None]] = []
 """(update index of the optimizer, per-device squared norms; None when no parameter it holds
 had a gradient)."""
-_updates: dict[int, int] = {}
+_updates: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+"""Updates so far per optimizer, held weakly: keyed by ``id()`` a new optimizer that reused a
+freed one's id continued its count."""
 _handle: Any = None
 
 
@@ -46,9 +49,8 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
 @torch.compiler.disable  # traced, its counter would make a compiled step recompile every step
 def _pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     try:
-        key = id(optimizer)
-        n = _updates.get(key, 0)
-        _updates[key] = n + 1
+        n = _updates.get(optimizer, 0)
+        _updates[optimizer] = n + 1
         if not (n < FIRST or n % EVERY == 0) or len(_pending) >= MAX_CHECKS:
             return
         by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
