@@ -77,10 +77,10 @@ def test_a_link_at_the_cache_folder_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_folder_others_can_write_is_refused(tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)
-    cache = TraceCache(shared)
+    open_folder = tmp_path / "open-to-all"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    cache = TraceCache(open_folder)
     assert not cache.usable() and "writable by others" in (cache.refused or "")
 
 
