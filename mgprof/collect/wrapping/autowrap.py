@@ -313,21 +313,14 @@ class AutoWrap:
         import torch.distributed as dist
 
         from mgprof.collect.wrapping import fsdp_wrap
-        from mgprof.collect.wrapping.wrap import device
 
         optimizers = self.optimizers()
         reason = fsdp_wrap.why_not(module, optimizers)
         if reason is not None:
             return None, reason
-        where = next(module.parameters()).device
-        if where.type == "cuda" and where != device():
-            return None, (
-                f"the model is on {where} but this rank's device is {device()} (the script pins "
-                "a device index); use torch.device('cuda') or mgprof.device()"
-            )
-        if not dist.is_initialized():
-            _init_process_group("nccl" if where.type == "cuda" else "gloo")
-            self._initialized_pg = True
+        reason = self._join_group(module)
+        if reason is not None:
+            return None, reason
         if dist.get_world_size() < 2:
             return None, "FSDP needs two or more ranks"
         before = fsdp_wrap.names_of(module)
@@ -335,22 +328,36 @@ class AutoWrap:
         self._repointed = fsdp_wrap.repoint(module, before, optimizers)
         return module, None
 
-    def _build_ddp(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
+    def _join_group(self, module: nn.Module) -> str | None:
+        """The model on this rank's device and the process group up (gloo for a CPU model,
+        NCCL for a CUDA one, from torchrun's environment when the script made none); why not,
+        else None. Shared by the DDP and FSDP wrappers."""
         import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel
 
-        from mgprof.collect.wrapping.wrap import device, enable_sync_ab
+        from mgprof.collect.wrapping.wrap import device
 
         params = list(module.parameters())
         where = params[0].device if params else torch.device("cpu")
         if where.type == "cuda" and where != device():
-            return None, (
+            return (
                 f"the model is on {where} but this rank's device is {device()} (the script pins "
                 "a device index); use torch.device('cuda') or mgprof.device()"
             )
         if not dist.is_initialized():
             _init_process_group("nccl" if where.type == "cuda" else "gloo")
             self._initialized_pg = True
+        return None
+
+    def _build_ddp(self, module: nn.Module) -> tuple[nn.Module | None, str | None]:
+        from torch.nn.parallel import DistributedDataParallel
+
+        from mgprof.collect.wrapping.wrap import enable_sync_ab
+
+        reason = self._join_group(module)
+        if reason is not None:
+            return None, reason
+        params = list(module.parameters())
+        where = params[0].device if params else torch.device("cpu")
         inner: nn.Module = module
         options = None
         why_not = None

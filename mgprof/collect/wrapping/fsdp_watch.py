@@ -16,6 +16,7 @@ Reading only: the hooks change nothing the script computes.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import Counter
 from typing import Any
@@ -35,6 +36,7 @@ _depth = 0
 _forwards = 0
 
 
+@functools.cache
 def fsdp_classes() -> tuple[type, ...]:
     """FSDP2's ``FSDPModule`` (public from torch 2.6; ``torch.distributed._composable.fsdp``
     before) and FSDP1's ``FullyShardedDataParallel``; either may be missing (a torch built
