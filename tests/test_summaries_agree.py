@@ -50,6 +50,18 @@ def test_the_communication_line_quotes_the_tables_comm_column() -> None:
     assert "least-waiting rank 2.6 % -> 16.1 %" in line  # the other figure, named as such
 
 
+def test_the_communication_verdict_reads_the_exposed_share_when_both_ends_have_it() -> None:
+    # the total rises (an all-reduce overlapping a longer backward) while the exposed part falls
+    first, last = _trial(8, 1000.0, 41.5, 40.0), _trial(512, 8000.0, 50.0, 48.0)
+    first.exposed_comm_pct, last.exposed_comm_pct = 30.0, 5.0
+    line = dict(facts(summarize([first, last], capacity_mib=None)))["communication"]
+    assert "(exposed 30.0 % -> 5.0 %)" in line
+    assert "exposed all-reduce is amortised" in line and "its total rises" in line
+    last.exposed_comm_pct = 31.0
+    line = dict(facts(summarize([first, last], capacity_mib=None)))["communication"]
+    assert line.endswith("exposed communication takes a larger share as the batch grows")
+
+
 def test_plateau_is_said_only_when_throughput_stopped_rising() -> None:
     for second, word in ((5668.0, "throughput fell"), (8800.0, "a plateau")):
         planner = SweepPlanner(lo=8, hi=1024, capacity_mib=None)

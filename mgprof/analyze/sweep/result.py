@@ -222,9 +222,10 @@ def _intervals(result: SweepResult, timed: Sequence[Trial], best: Trial) -> None
 def comm_trend(fitted: Sequence[Trial]) -> str | None:
     """How the communication share changes from the smallest to the largest fitted batch.
 
-    The figure is the table's (``comm_pct``, the mean over ranks), so the summary and the table
-    say the same thing; the least-waiting rank's share (the collective's own cost, without
-    waiting for a slower rank) follows it when it differs.
+    The figures are the table's (``comm_pct`` and ``exposed_comm_pct``, means over ranks), so the
+    summary and the table say the same thing; the least-waiting rank's share (the collective's
+    own cost, without waiting for a slower rank) follows when it differs. The verdict is read
+    from the exposed share when both ends have it: what the step waits on.
     """
     pts = [(t.batch_size, t.comm_pct, t.exposed_comm_pct) for t in fitted if t.comm_pct is not None]
     if len(pts) < 2:
@@ -239,10 +240,17 @@ def comm_trend(fitted: Sequence[Trial]) -> str | None:
     l0, l1 = first.comm_pct_least_waiting, last.comm_pct_least_waiting
     if l0 is not None and l1 is not None and (abs(l0 - c0) > 0.05 or abs(l1 - c1) > 0.05):
         text += f"; least-waiting rank {l0:.1f} % -> {l1:.1f} %"
-    if c1 < c0:
-        text += ": the all-reduce is amortised over more samples"
-    elif c1 > c0:
-        text += ": communication takes a larger share as the batch grows"
+    # The verdict follows what costs step time: the exposed share when both ends have it. The
+    # total grows with the batch whenever the all-reduce overlaps a longer backward (on shared
+    # CPU cores the overlapped collective is stretched by the compute beside it), while the part
+    # left for the step to wait on falls: that is the amortisation.
+    v0, v1, what = (e0, e1, "exposed ") if e0 is not None and e1 is not None else (c0, c1, "")
+    if v1 < v0:
+        text += f": the {what}all-reduce is amortised over more samples"
+        if c1 >= c0:
+            text += " (its total rises as it overlaps a longer backward)"
+    elif v1 > v0:
+        text += f": {what}communication takes a larger share as the batch grows"
     return text
 
 
