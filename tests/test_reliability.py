@@ -348,6 +348,9 @@ EXTRA_CASES = {
             ["{script}", "--collective-timeout", "nan"],
             "--collective-timeout",
         ),
+        # out of c10d's range: auto-wrap failed on every rank and the ranks trained unsynchronised
+        "collective-timeout-huge": (["{script}", "--collective-timeout", "1e308"], "7 days"),
+        "collective-timeout-tiny": (["{script}", "--collective-timeout", "1e-300"], "between 1"),
     },
     "sweep": {
         "range-backwards": (["{script}", "--range", "64:8"], "backwards"),

@@ -303,7 +303,8 @@ def collective_timeout() -> datetime.timedelta | None:
         seconds = float(os.environ.get(COLLECTIVE_TIMEOUT_ENV, ""))
     except ValueError:
         return None
-    return datetime.timedelta(seconds=seconds) if 0 < seconds < 1e9 else None
+    # the launcher's range (1 s to 7 days): c10d holds milliseconds in a C int
+    return datetime.timedelta(seconds=seconds) if 1.0 <= seconds <= 7 * 24 * 3600.0 else None
 
 
 _pg_by_mgprof = False

@@ -207,7 +207,7 @@ def register(subparsers: Any) -> None:
         default=600.0,
         metavar="SECONDS",
         help="a collective waiting longer than this for its peers fails the run, naming the "
-        "collective and the ranks, instead of hanging (default: 600)",
+        "collective and the ranks, instead of hanging (default: 600; 1 to 604800, 7 days)",
     )
     p.set_defaults(func=run)
 

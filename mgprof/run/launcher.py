@@ -95,6 +95,8 @@ COLLECTIVE_TIMEOUT_ENV = "MGPROF_COLLECTIVE_TIMEOUT_S"
 """Seconds a collective may wait for its peers before the process group raises (workers'
 ``init_process_group`` timeout), so a rank stuck in a collective ends the run instead of hanging."""
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+MIN_COLLECTIVE_TIMEOUT_S = 1.0
+MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
 LOOPBACK_IFNAME = "lo"
 MAX_RANKS = 65536
 """More ranks than any job has: a larger --gpus is a typo, refused before anything starts."""
@@ -189,9 +191,14 @@ class LaunchConfig:
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES)}")
         timeout = self.collective_timeout_s
-        if timeout is not None and not 0 < timeout < float("inf"):
+        low, high = MIN_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S
+        if timeout is not None and not low <= timeout <= high:
+            # c10d holds the timeout in milliseconds in a C int, and below a second it rounds to
+            # a timeout that fails every collective: out of range, auto-wrap failed on every rank
+            # and the ranks trained unsynchronised under a "complete" run
             raise UsageError(
-                f"--collective-timeout must be a number of seconds above 0, got {timeout}"
+                f"--collective-timeout must be between {low:g} and {high:g} seconds (7 days), "
+                f"got {timeout:g}"
             )
 
 

@@ -7,7 +7,6 @@ needed: gloo on CPU, NCCL on CUDA.
 
 from __future__ import annotations
 
-import datetime
 import os
 import random
 import warnings
@@ -92,9 +91,11 @@ def init_process_group(backend: str | None = None) -> None:
             "DDP needs a process group: launch with 'mgprof analyze --gpus N' or torchrun"
         )
     kwargs: dict[str, Any] = {}
-    timeout_s = os.environ.get("MGPROF_COLLECTIVE_TIMEOUT_S")  # mgprof analyze --collective-timeout
-    if timeout_s:
-        kwargs["timeout"] = datetime.timedelta(seconds=float(timeout_s))
+    from mgprof.collect.hooks import collective_timeout  # hooks imports this package
+
+    timeout = collective_timeout()  # mgprof analyze --collective-timeout
+    if timeout is not None:
+        kwargs["timeout"] = timeout
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
