@@ -46,6 +46,8 @@ def finalize(
     stderr_tail: list[str],
     interrupted: str | None,
     torchrun_lines: list[str] | None = None,
+    *,
+    straggler: str | None = None,
 ) -> RunRecord:
     """Merge what the ranks left (gathered run.json or per-rank partials) and set the status.
 
@@ -57,6 +59,9 @@ def finalize(
     In a multi-node job the ranks send their records to rank 0, which may live on any node
     (c10d rendezvous assigns ranks by arrival): a node without rank 0 expects an empty run here,
     and only its exit code decides.
+
+    ``straggler`` is the launcher's words for ranks it stopped because they ran on long after
+    another rank ended (``mgprof.run.stragglers``): the run's error, with where each was.
     """
     try:
         run = read_run(run_dir)
@@ -81,6 +86,9 @@ def finalize(
         exit_note = _teardown_note(code, exits, finished, errors, run)
     if interrupted:
         error = f"interrupted ({interrupted})"
+    elif straggler is not None:
+        error = straggler + _where_stopped(run_dir)
+        exit_note = None
     elif exit_note is not None:
         pass  # every failed process had finished its script: the records are complete
     elif code != 0:
@@ -241,6 +249,15 @@ def _rank_said(
     return None, log if log_there else None
 
 
+def _where_stopped(run_dir: Path) -> str:
+    """``; when stopped: rank 1 at hang.py:12 in <module>``: where each rank mgprof stopped
+    was (its stack dump), so a rank that never arrived shows its own line; empty when none."""
+    sites = stack_sites(run_dir)
+    if not sites:
+        return ""
+    return "; when stopped: " + "; ".join(f"rank {r} {where}" for r, where in sorted(sites.items()))
+
+
 def _failure(
     code: int,
     exits: list[RankExit],
@@ -264,12 +281,7 @@ def _failure(
     rank_lines = [f"rank {r}: {_exception(e)}" for r, e in sorted(errors.items())]
     timeouts = [e for e in rank_lines if "timed out" in e.lower() or "timeout" in e.lower()]
     hint = " (a rank stopped answering; raise --collective-timeout if it was only slow)"
-    sites = stack_sites(run_dir) if run_dir is not None else {}
-    stopped = (  # where each stopped rank was: a rank that never arrived shows its own line
-        "; when stopped: " + "; ".join(f"rank {r} {where}" for r, where in sorted(sites.items()))
-        if sites
-        else ""
-    )
+    stopped = _where_stopped(run_dir)
     first = first_failure(exits, errors) if exits else None
     if first is not None and first.rank is not None:
         said, log = _rank_said(first.rank, first.exit_code, errors, run_dir)

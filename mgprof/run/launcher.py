@@ -45,6 +45,7 @@ from mgprof.run.relay import (
     Tail,
     current_observer,
 )
+from mgprof.run.stragglers import StragglerWatch
 
 if TYPE_CHECKING:
     from mgprof.report.progress import LaunchFacts
@@ -488,7 +489,7 @@ def launch(
         crowded = oversubscription_warning(p, env)
         if crowded:
             say(crowded)
-        proc, stopped, leftovers, err_tail = _run_workers(
+        proc, stopped, leftovers, err_tail, stragglers = _run_workers(
             config, p, run_dir, cmd, env, on_progress, observer
         )
     finally:
@@ -500,7 +501,15 @@ def launch(
         on_progress(read_progress(run_dir / ".progress"))
     how = stopped.label if stopped is not None else None
     finalize = sys.modules[__name__].finalize  # through the namespace (loaded on first use)
-    run = finalize(run_dir, initial, proc.returncode, err_tail.lines, how, err_tail.torchrun)
+    run = finalize(
+        run_dir,
+        initial,
+        proc.returncode,
+        err_tail.lines,
+        how,
+        err_tail.torchrun,
+        straggler=stragglers.note() if stragglers is not None else None,
+    )
     exit_code = 128 + stopped.signum if stopped is not None else shell_code(run.exit_code or 0)
     return LaunchResult(run_dir=run_dir, run=run, exit_code=exit_code, plan=p, stopped=stopped)
 
@@ -513,9 +522,11 @@ def _run_workers(
     env: dict[str, str],
     on_progress: ProgressCallback | None,
     observer: LaunchObserver | None,
-) -> tuple[subprocess.Popen[bytes], Stopped | None, int, Tail]:
+) -> tuple[subprocess.Popen[bytes], Stopped | None, int, Tail, StragglerWatch | None]:
     """Start the workers, relay their output, report progress, and wait for them (or stop
-    them on a signal). Returns the process, the stop, the leftovers ended and stderr's tail."""
+    them on a signal). Returns the process, the stop, the leftovers ended, stderr's tail and the
+    watch that stops a rank left running after another ended (``stragglers``; torchrun runs
+    only)."""
     notes = RankLogNotes(run_dir)
     rank_of = RankOfPid(one_process=not one_process_per_rank(p.strategy))
     with stop_signals():
@@ -540,6 +551,15 @@ def _run_workers(
             rank_of=rank_of,
             observer=observer,
         )
+        stragglers = None
+        if one_process_per_rank(p.strategy):
+            stragglers = StragglerWatch(
+                proc.pid,
+                run_dir,
+                straggler_bound_s(config),
+                rank_of,
+                kill_after_s=config.stop_grace_s,
+            )
         stopped: Stopped | None = None
         try:
             while proc.poll() is None:
@@ -553,6 +573,8 @@ def _run_workers(
                 notes.flush()
                 tree.scan(force=False)
                 rank_of.learn(tree.seen)
+                if stragglers is not None:
+                    stragglers.poll()
                 time.sleep(0.2)
         except Stopped as exc:
             stopped = exc
@@ -564,7 +586,15 @@ def _run_workers(
         notes.flush()
     if observer is not None:
         observer.progress(read_progress(run_dir / ".progress"), *_ranks_begun_and_ended(run_dir))
-    return proc, stopped, leftovers, err_tail
+    return proc, stopped, leftovers, err_tail, stragglers
+
+
+def straggler_bound_s(config: LaunchConfig) -> float:
+    """How long the other ranks may run on once one rank has ended: the patience a collective
+    gets (``--collective-timeout``), since a rank with work left that involves its peers would
+    have failed in a collective by then (``mgprof.run.stragglers``)."""
+    timeout = config.collective_timeout_s
+    return timeout if timeout is not None else DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 def _ranks_begun_and_ended(run_dir: Path) -> tuple[int, int]:
