@@ -1,6 +1,9 @@
 """The Steps view: step time per step for every rank, a timeline of the traced steps, and a
 per-step table.
 
+The timeline is every rank's rows on one clock (``html_view_timeline``) when the run's traces can
+be read and aligned; otherwise each rank's traced steps as bars on its own trace clock.
+
 Recorded steps come from ``run.ranks[i].steps`` (the step timer); traced steps from the trace
 summaries' ``steps`` (``ProfilerStep#N``, the same N as the step index), whose totals split each
 step into compute, exposed communication and idle time.
@@ -15,6 +18,7 @@ from mgprof.analyze.trace.summary import StepSummary, TraceTotals
 from mgprof.records import StepRecord
 from mgprof.report.html.charts import layout
 from mgprof.report.html.view_model import Col, Context, View, figure_spec, ms, rank_color, rounded
+from mgprof.report.html.view_timeline import traced_timeline
 
 __all__ = ["STEPS_SHOWN", "steps_view", "traced_steps"]
 
@@ -164,7 +168,7 @@ def steps_view(ctx: Context) -> View:
         view.note("No steps recorded.")
         return view
     view.chart("steps-duration", figure_spec(_duration_fig(ctx, shown)))
-    timeline = _timeline_fig(ctx)
+    timeline = None if traced_timeline(ctx, view) else _timeline_fig(ctx)
     if timeline is not None:
         view.chart("steps-timeline", figure_spec(timeline))
         view.note(
