@@ -33,6 +33,7 @@ from mgprof.run import entry
 from mgprof.run.process_tree import (
     ProcessTree,
     Stopped,
+    child_subreaper,
     ignore_stop_signals,
     signal_group,
     stop_signals,
@@ -529,11 +530,11 @@ def _run_workers(
     only)."""
     notes = RankLogNotes(run_dir)
     rank_of = RankOfPid(one_process=not one_process_per_rank(p.strategy))
-    with stop_signals():
+    with stop_signals(), child_subreaper() as adopting:
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
-        tree = ProcessTree(proc.pid)
+        tree = ProcessTree(proc.pid, adopting=adopting)
         script_out = sys.stderr if config.script_stdout_to_stderr else sys.stdout
         out_tail = Tail(
             proc.stdout,  # type: ignore[arg-type]

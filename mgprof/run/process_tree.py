@@ -8,23 +8,35 @@ a worker whose torchrun is already gone is still found. Stopping is: the signal 
 group (torchrun passes it to the workers and waits for them), a grace period in which a second
 signal ends the wait, then SIGKILL to every process of the tree still alive. The workers also
 carry a parent-death signal (``mgprof.run.entry``) for the case where mgprof itself is killed.
+
+A process that leaves the tree before a scan sees it (a daemon the script double-forks:
+``fork; setsid; fork; exec``, its middle process gone at once) would escape: while a launch runs,
+mgprof is its child subreaper (``child_subreaper``, Linux ``PR_SET_CHILD_SUBREAPER``), so such an
+orphan becomes mgprof's own child rather than init's, and the tree finds it there
+(``ProcessTree(adopting=True)``). Where prctl is unavailable the tree is what the scans saw, as
+before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 import psutil
 
 from mgprof.errors import Interrupted
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 SCAN_EVERY_S = 1.0
 LEFTOVER_GRACE_S = 2.0
 
@@ -74,17 +86,62 @@ def ignore_stop_signals() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
-class ProcessTree:
-    """The processes below ``root`` that mgprof has seen, kept after their parents end."""
+def _prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
 
-    def __init__(self, root: int) -> None:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+@contextmanager
+def child_subreaper() -> Iterator[bool]:
+    """While the block runs, orphans among this process's descendants become its children
+    (``PR_SET_CHILD_SUBREAPER``); yields whether that holds. Fails open: False where prctl is
+    unavailable (not Linux, a seccomp filter), and the previous setting comes back after."""
+    prctl = _prctl()
+    if prctl is None:
+        yield False
+        return
+    import ctypes
+
+    before = ctypes.c_int(0)
+    try:
+        known = int(prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0)) == 0
+        on = int(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except Exception:  # fail open: the scans alone find what they find
+        yield False
+        return
+    try:
+        yield on
+    finally:
+        if on and not (known and before.value):
+            with contextlib.suppress(Exception):
+                prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+class ProcessTree:
+    """The processes below ``root`` that mgprof has seen, kept after their parents end.
+
+    ``adopting``: mgprof is the launch's child subreaper (``child_subreaper``), so its own
+    children other than ``root`` that were not there when the tree was made are orphans of the
+    launch, and belong to it (with their descendants)."""
+
+    def __init__(self, root: int, adopting: bool = False) -> None:
         self.root = root
         self.seen: dict[int, psutil.Process] = {}
         self._last_scan = 0.0
+        self._adopting = adopting
+        self._before: set[int] = set()
         try:
             self.seen[root] = psutil.Process(root)
         except psutil.Error:
             pass
+        if adopting:
+            self._before = {p.pid for p in _own_children()} - {root}
 
     def scan(self, force: bool = True) -> None:
         """Remember the root's current descendants (at most once a second unless ``force``)."""
@@ -98,6 +155,25 @@ class ProcessTree:
             children = []
         for child in children:
             self.seen.setdefault(child.pid, child)
+        if self._adopting:
+            self._adopt()
+
+    def _adopt(self) -> None:
+        """Orphans of the launch re-parented to mgprof: into the tree; those that have ended
+        already are reaped (mgprof is their parent now; the root is left to ``Popen``)."""
+        for child in _own_children():
+            if child.pid in self._before or child.pid == self.root:
+                continue
+            self.seen.setdefault(child.pid, child)
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
+                    continue
+                below = child.children(recursive=True)
+            except (psutil.Error, OSError):
+                continue
+            for proc in below:
+                self.seen.setdefault(proc.pid, proc)
 
     def alive(self) -> list[psutil.Process]:
         """Processes of the tree still running (a reused PID is not ours: psutil checks its
@@ -136,6 +212,13 @@ class ProcessTree:
         _send(still, signal.SIGKILL)
         psutil.wait_procs(still, timeout=5)
         return len(left)
+
+
+def _own_children() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children()
+    except psutil.Error:
+        return []
 
 
 def _send(procs: list[psutil.Process], sig: int) -> None:
