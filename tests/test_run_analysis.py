@@ -124,11 +124,18 @@ def test_step_time_statistics_and_throughput() -> None:
         "p95": pytest.approx(38.5),
         "min": 10.0,
         "max": 40.0,
+        # 25 ± t(0.975, 3) 3.182 x sd 12.91 / sqrt(4): textbook t; mgprof's within 1 % (0.21 ms)
+        "ci95_low": pytest.approx(25.0 - 20.54, abs=0.21),
+        "ci95_high": pytest.approx(25.0 + 20.54, abs=0.21),
     }
     # 4 steps x 8 samples in 100 ms; rank 1: 3 x 8 in 150 ms.
     assert r0["samples_per_s"] == pytest.approx(320.0)
     assert r1["samples_per_s"] == pytest.approx(160.0)
     assert a["job"]["samples_per_s"] == pytest.approx(480.0)
+    # rank 1 (50 ms, every step alike) is the slowest: its interval is a point, and so is the
+    # job's throughput interval
+    assert r1["step_time_ms"]["ci95_low"] == r1["step_time_ms"]["ci95_high"] == 50.0
+    assert a["job"]["samples_per_s_ci95"] == [pytest.approx(480.0), pytest.approx(480.0)]
     assert "steady_state_steps" in a["definitions"]
     json.dumps(a, allow_nan=False)  # JSON-ready
 

@@ -63,6 +63,20 @@ def _job_throughput(run: RunRecord, ranks: Sequence[RankAnalysis], job: JobAnaly
         )
         return
     job.samples_per_s = sum(r.samples_per_s or 0.0 for r in ranks)
+    job.samples_per_s_ci95 = _rate_interval(job.samples_per_s, ranks)
+
+
+def _rate_interval(rate: float, ranks: Sequence[RankAnalysis]) -> list[float] | None:
+    """``rate``'s 95 % interval from the slowest rank's step-time interval: the job trains
+    its samples at that rank's pace, so the rate scales inversely with its mean step."""
+    timed = [r.step_time_ms for r in ranks if r.step_time_ms is not None]
+    if not timed:
+        return None
+    slow = max(timed, key=lambda st: st.mean)
+    low, high = slow.ci95_low, slow.ci95_high
+    if low is None or high is None or low <= 0.0 or slow.mean <= 0.0:
+        return None
+    return [rate * slow.mean / high, rate * slow.mean / low]
 
 
 def _job_energy(run: RunRecord, ranks: Sequence[RankAnalysis], job: JobAnalysis) -> None:

@@ -22,7 +22,9 @@ DEFINITIONS: dict[str, str] = {
     "step_time_ms": (
         "wall time of one step as the step timer measured it (CUDA events on GPU, perf_counter "
         "on CPU), over the steady-state steps: mean, p50, p95 (linear interpolation, numpy's "
-        "default), min, max"
+        "default), min, max; ci95_low/ci95_high: the 95 % interval of the mean, mean ± "
+        "t(0.975, n-1) × sd / sqrt(n) (consecutive steps are not independent draws, so it "
+        "says how well the mean is pinned by these steps, not how a rerun will vary)"
     ),
     "samples_per_s": (
         "per rank: sum of batch sizes / sum of step durations, over the steady-state steps "
@@ -30,7 +32,9 @@ DEFINITIONS: dict[str, str] = {
     ),
     "job_samples_per_s": (
         "sum over ranks of each rank's samples_per_s (each DDP rank trains on its own batches); "
-        "for a single process (single device or DataParallel) that process's samples_per_s"
+        "for a single process (single device or DataParallel) that process's samples_per_s; "
+        "samples_per_s_ci95: its 95 % interval, from the slowest rank's step-time interval "
+        "(a synchronised job moves at the pace of its slowest rank)"
     ),
     "nvml_gpu_util_pct": (
         "mean of NVML's utilization.gpu over the sampling period: percent of sample periods in "
@@ -111,6 +115,10 @@ class StepTimeStats(_Out):
     p95: float
     min: float
     max: float
+    ci95_low: float | None = None
+    ci95_high: float | None = None
+    """The 95 % interval of ``mean`` (Student's t over the steps); None with fewer than two
+    steps, and absent from analyses made before it was computed."""
 
 
 class DeviceUtil(_Out):
@@ -251,6 +259,8 @@ class JobAnalysis(_Out):
     missing_ranks: list[int] = msgspec.field(default_factory=list)
     """Ranks of the world that sent no record."""
     samples_per_s: float | None = None
+    samples_per_s_ci95: list[float] | None = None
+    """[low, high]: the 95 % interval of ``samples_per_s`` (see the definitions)."""
     energy_j: float | None = None
     energy_per_sample_j: float | None = None
     dataloader_share_pct: float | None = None

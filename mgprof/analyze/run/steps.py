@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 
 from mgprof.analyze.run.results import StepTimeStats
-from mgprof.analyze.stats import mean, percentile
+from mgprof.analyze.stats import mean, percentile, t_quantile
 from mgprof.records import RankRecord, RunRecord, StepRecord
 
 _STEADY_STATE_MIN_STEPS = 3
@@ -20,8 +21,21 @@ def steady_state_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
     return ordered
 
 
+def mean_interval(values: Sequence[float]) -> tuple[float, float] | None:
+    """The 95 % interval of the mean of ``values`` (Student's t), None with fewer than two."""
+    n = len(values)
+    if n < 2:
+        return None
+    m = mean(values)
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    return m - half, m + half
+
+
 def step_time_stats(durations_ms: Sequence[float]) -> StepTimeStats:
-    """mean/p50/p95/min/max of step durations (ms); ``durations_ms`` must not be empty."""
+    """mean (with its 95 % interval)/p50/p95/min/max of step durations (ms); ``durations_ms``
+    must not be empty."""
+    interval = mean_interval(durations_ms)
     return StepTimeStats(
         count=len(durations_ms),
         mean=mean(durations_ms),
@@ -29,6 +43,8 @@ def step_time_stats(durations_ms: Sequence[float]) -> StepTimeStats:
         p95=percentile(durations_ms, 95.0),
         min=min(durations_ms),
         max=max(durations_ms),
+        ci95_low=interval[0] if interval else None,
+        ci95_high=interval[1] if interval else None,
     )
 
 

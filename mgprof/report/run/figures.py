@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mgprof.analyze.run.results import RankAnalysis
+from mgprof.analyze.run.results import RankAnalysis, StepTimeStats
 from mgprof.analyze.run.schema import RunAnalysis, given
 from mgprof.report.run.fsdp import fsdp_table
 from mgprof.report.run.section_model import (
@@ -22,6 +22,14 @@ TOP_KERNELS = 5
 """Kernels listed per rank: the heaviest few say where compute time goes; more is noise here."""
 
 
+def halfwidth(st: StepTimeStats | None) -> float | None:
+    """Half the 95 % interval of a rank's mean step (None: fewer than two steps, or an
+    analysis made before the interval was computed)."""
+    if st is None or st.ci95_low is None or st.ci95_high is None:
+        return None
+    return (st.ci95_high - st.ci95_low) / 2.0
+
+
 def step_time_section(analysis: RunAnalysis) -> Section:
     sec = Section("Step time per rank")
     notes = Footnotes()
@@ -30,6 +38,7 @@ def step_time_section(analysis: RunAnalysis) -> Section:
             "rank",
             "steps",
             "mean ms",
+            "± ms",
             "p50 ms",
             "p95 ms",
             "min ms",
@@ -45,16 +54,29 @@ def step_time_section(analysis: RunAnalysis) -> Section:
         steps = f"{rank.steps_measured}/{rank.steps_total}"
         row = [str(rank.rank), steps]
         values = [st.mean, st.p50, st.p95, st.min, st.max] if st is not None else [None] * 5
-        for value in values:
+        for value in values[:1]:
+            row.append(c.get(value, two, "step_time_ms", label="step time"))
+        row.append(two(half) if (half := halfwidth(st)) is not None else "-")
+        for value in values[1:]:
             row.append(c.get(value, two, "step_time_ms", label="step time"))
         row.append(c.get(rank.samples_per_s, fixed(1), "samples_per_s"))
         table.rows.append(row)
     job = analysis.job
     jc = Cells(notes, job_reasons(analysis), "job")
     job_rate = jc.get(job.samples_per_s if job else None, fixed(1), "samples_per_s")
-    table.rows.append(["job", "", "", "", "", "", "", job_rate])
+    table.rows.append(["job", "", "", "", "", "", "", "", job_rate])
     sec.tables.append(table)
     sec.notes.append("Steady-state steps: all but the first step of each rank (when it has 3+).")
+    sec.notes.append(
+        "± ms: half the 95 % interval of the mean step (Student's t over the steady-state "
+        "steps; '-' with fewer than two)."
+    )
+    if job is not None and job.samples_per_s_ci95:
+        low, high = (fixed(1)(v) for v in job.samples_per_s_ci95)
+        sec.notes.append(
+            f"Job samples/s, 95 % interval: from {low} to {high} (the slowest rank's step-time "
+            "interval: a synchronised job moves at its pace)."
+        )
     sec.footnotes = notes.lines()
     return sec
 

@@ -4,8 +4,8 @@ A run report is long (Setup, a dozen sections, the findings at the end); what a 
 first fits in a handful of lines::
 
     CPU run      no CUDA device visible; shows the wiring, not GPU performance
-    step time    41.28 ms mean on rank 1, the slowest of 2 ranks; p95 65.78 ms
-    throughput   3,178.6 samples/s (job)
+    step time    41.28 ± 1.92 ms mean, rank 1 (slowest of 2); p95 65.78 ms
+    throughput   3,178.6 samples/s (job; 95 % interval 3,034.2 to 3,337.9)
     utilisation  trace busy 87.1–93.6 %, CPU 34.0–42.1 % (lowest–highest rank)
     comm         exposed 58.2–63.8 % of the window; overlap 10.3–13.2 % of comm
     memory       peak RSS 332–334 MiB (lowest–highest rank)
@@ -15,8 +15,9 @@ Every figure is one the sections below show, formatted as they format it (``fixe
 ``fixed(1)`` percentages and samples/s, whole MiB), so the summary and the section it sums up
 never disagree: a range is the lowest and highest of the ranks' cells, the step time is the
 slowest rank's row. A figure the analysis does not have is left out, or said to be n/a with its
-reason, never made up; nothing is computed here that the analysis does not hold (the analysis
-has no interval for a run's step time or throughput, so none is shown).
+reason, never made up; nothing is computed here that the analysis does not hold (the step
+time's ``±`` is half the 95 % interval of the mean the analysis holds, and the job's throughput
+interval is the analysis's ``samples_per_s_ci95``).
 
 ``SummaryLine.quoted`` lists the formatted figures a line quotes and ``section`` the title of
 the section they come from (``tests/test_report_first_lines.py`` checks the two agree); the JSON
@@ -34,6 +35,7 @@ from mgprof.analyze.run.results import RankAnalysis
 from mgprof.analyze.run.schema import Finding, RunAnalysis, given
 from mgprof.records import RunRecord
 from mgprof.report.failure_summary import failure_summary
+from mgprof.report.run.figures import halfwidth
 from mgprof.report.run.section_model import Fmt, cpu_only, fixed
 
 MAX_LINES = 8
@@ -158,19 +160,25 @@ def _step_line(analysis: RunAnalysis) -> SummaryLine | None:
         return SummaryLine("step_time_ms", "step time", _na(why), STEP, figures=figures)
     st = slow.step_time_ms
     mean, p95 = _TWO(st.mean), _TWO(st.p95)
-    where = f" on rank {slow.rank}, the slowest of {len(ranks)} ranks" if len(ranks) > 1 else ""
+    half = halfwidth(st)
+    where = f", rank {slow.rank} (slowest of {len(ranks)})" if len(ranks) > 1 else ""
+    quoted = [mean, p95]
+    spread = ""
+    if half is not None:
+        quoted.append(_TWO(half))
+        spread = f" ± {_TWO(half)}"
     return SummaryLine(
         "step_time_ms",
         "step time",
-        f"{mean} ms mean{where}; p95 {p95} ms",
+        f"{mean}{spread} ms mean{where}; p95 {p95} ms",
         STEP,
-        quoted=[mean, p95],
+        quoted=quoted,
         figures={
             "mean": _number(mean),
             "p95": _number(p95),
             "rank": slow.rank,
             "ranks": len(ranks),
-            "interval": None,
+            "ci95_halfwidth": _number(_TWO(half)) if half is not None else None,
         },
     )
 
@@ -184,13 +192,23 @@ def _throughput_line(analysis: RunAnalysis) -> SummaryLine | None:
         figures = {"job": None, "interval": None}
         return SummaryLine("samples_per_s", "throughput", _na(why), STEP, figures=figures)
     rate = _ONE(job.samples_per_s)
+    if not job.samples_per_s_ci95:
+        return SummaryLine(
+            "samples_per_s",
+            "throughput",
+            f"{rate} samples/s (job)",
+            STEP,
+            quoted=[rate],
+            figures={"job": _number(rate), "interval": None},
+        )
+    low, high = (_ONE(v) for v in job.samples_per_s_ci95)
     return SummaryLine(
         "samples_per_s",
         "throughput",
-        f"{rate} samples/s (job)",
+        f"{rate} samples/s (job; 95 % interval {low} to {high})",
         STEP,
-        quoted=[rate],
-        figures={"job": _number(rate), "interval": None},
+        quoted=[rate, low, high],
+        figures={"job": _number(rate), "interval": [_number(low), _number(high)]},
     )
 
 
