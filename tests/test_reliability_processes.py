@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from _spawn import write_script
+from _spawn import clean_env, python_args, write_script
 from test_reliability import DDP_PREAMBLE, analyze, finish, the_run
 
 pytestmark = pytest.mark.slow
@@ -106,3 +107,61 @@ def test_a_double_forked_daemon_does_not_outlive_the_run(tmp_path: Path) -> None
     assert "ended 1 process(es) the script left running" in err, err[-3000:]
     _, run = the_run(tmp_path)
     assert run.status == "complete", run.error
+
+
+def _peak_rss_mib(pid: int) -> int:
+    """The process's peak resident memory so far (``VmHWM``), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc")
+def test_a_line_of_200_mb_keeps_mgprofs_memory_bounded(tmp_path: Path) -> None:
+    """200 MB without a newline: mgprof read whole lines and held 787 MiB here (4.3 GB for
+    1 GiB); now it reads chunks, shows the first 64 KiB of the line with a note, and stays at
+    the size of a run without it."""
+    script = write_script(
+        tmp_path,
+        "shout.py",
+        """
+        import sys, torch
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+        sys.stdout.write("x" * 200_000_000)
+        sys.stdout.flush()
+        sys.stdout.write("\\nafter the long line\\n")
+        """,
+    )
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "wb") as out_fh, open(err, "wb") as err_fh:
+        proc = subprocess.Popen(
+            python_args("-m", "mgprof", "analyze", script, "--quiet", "--out", "runs",
+                        "--trace-steps", "0"),
+            cwd=tmp_path, env=clean_env(), stdout=out_fh, stderr=err_fh,
+        )  # fmt: skip
+        peak, deadline = 0, time.monotonic() + 90
+        while proc.poll() is None and time.monotonic() < deadline:
+            peak = max(peak, _peak_rss_mib(proc.pid))
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+            pytest.fail("mgprof analyze did not end within 90 s")
+    shown = out.read_bytes()
+    assert proc.returncode == 0, err.read_bytes()[-3000:]
+    assert peak > 0, "no memory figure was read: the bound below would prove nothing"
+    assert peak < 150, f"mgprof's peak RSS was {peak} MiB for a 200 MB line"
+    assert len(shown) < 1_000_000, len(shown)  # the line was cut for the terminal
+    assert b"\nafter the long line\n" in shown
+    assert b"bytes are not shown" in shown
+    run_dir, run = the_run(tmp_path)
+    assert run.status == "complete", run.error
+    log = (run_dir / "logs" / "rank0.log").read_bytes()
+    assert len(log) < 3 * 1024 * 1024 and b"after the long line" in log

@@ -16,6 +16,14 @@ goes into each log). A relayed line goes through the launch's observer when ther
 progress display that owns the terminal's last line prints it above), else straight to the
 stream.
 
+The streams are read in chunks of ``READ_BYTES``, never a whole line at once: a line longer than
+``LINE_BYTES_SHOWN`` (a script printing a gigabyte without a newline) is relayed as its first
+``LINE_BYTES_SHOWN`` bytes, the rest of it up to its newline is dropped, and a note of mgprof's
+says how much was not shown; the rank's own log keeps the start and end of it, bounded
+(``ranklog``). A carriage return inside an overlong line (a progress bar redrawn in place) ends a
+piece that is relayed whole, so such a bar still shows. mgprof's memory for a stream stays at a
+few chunks and lines, whatever the script prints.
+
 Importable without torch.
 """
 
@@ -34,6 +42,11 @@ from mgprof.run.failures import is_torchrun_line
 from mgprof.run.ranklog import LOGS_DIR
 
 TORCHRUN_LINES_KEPT = 4000
+READ_BYTES = 64 * 1024
+LINE_BYTES_SHOWN = 64 * 1024
+"""A line of the script's output longer than this is cut for the terminal, with a note."""
+TAIL_LINE_CHARS = 4096
+"""Characters of a line kept in the tail and torchrun's lines (the run's error reads them)."""
 LINE_BYTES_KEPT = 4096
 """A noise line longer than this is cut before it goes into a log."""
 RANK_LINES_KEPT = 2000
@@ -97,6 +110,67 @@ def split_noise(raw: bytes) -> tuple[list[tuple[str, bytes]], bytes]:
         at = match.end()
     rest += raw[at:]
     return [("profiler", m.group()) for m in found], bytes(rest)
+
+
+def bounded_lines(src: Any, limit: int = LINE_BYTES_SHOWN) -> Iterator[tuple[bytes, int]]:
+    """The lines of ``src`` as ``(line, 0)``, none longer than ``limit`` bytes, read in chunks.
+
+    A longer line comes as its first ``limit`` bytes with ``-1`` (the cut starts), then, when
+    its newline (or the end of the stream) comes, ``(b"", dropped)``: the bytes left out. Before
+    that, a carriage return within the first ``limit`` bytes ends a piece of its own (a progress
+    bar drawn again and again on one line is not a line too long). Memory: ``limit`` plus one
+    chunk."""
+    read = src.read1 if hasattr(src, "read1") else src.read
+    buf = bytearray()
+    dropping = -1  # bytes of the current overlong line dropped so far; -1: none being dropped
+    while True:
+        chunk = read(READ_BYTES)
+        if not chunk:
+            break
+        if dropping >= 0:
+            end = chunk.find(b"\n")
+            if end < 0:
+                dropping += len(chunk)
+                continue
+            yield b"", dropping + end
+            dropping = -1
+            chunk = chunk[end + 1 :]
+        buf += chunk
+        while True:
+            end = buf.find(b"\n", 0, limit)
+            if end >= 0:
+                yield bytes(buf[: end + 1]), 0
+                del buf[: end + 1]
+                continue
+            if len(buf) < limit:
+                break
+            back = buf.rfind(b"\r", 0, limit)
+            if back >= 0:
+                yield bytes(buf[: back + 1]), 0
+                del buf[: back + 1]
+                continue
+            yield bytes(buf[:limit]), -1
+            del buf[:limit]
+            end = buf.find(b"\n")
+            if end >= 0:
+                yield b"", end
+                del buf[: end + 1]
+                continue
+            dropping = len(buf)
+            buf.clear()
+            break
+    if dropping >= 0:
+        yield b"", dropping
+    if buf:
+        yield bytes(buf), 0
+
+
+def cut_note(dropped: int, limit: int = LINE_BYTES_SHOWN) -> bytes:
+    """mgprof's line under a line it cut for the terminal."""
+    return (
+        f"mgprof: [the line above was longer than {limit // 1024} KiB: its other {dropped} "
+        "bytes are not shown; the rank's log (logs/rank<N>.log) keeps its start and end]\n"
+    ).encode()
 
 
 class LaunchObserver(Protocol):
@@ -207,8 +281,9 @@ def _append(path: Path, lines: list[bytes]) -> bool:
 
 
 class Tail:
-    """Relay a child's stream line by line, keep its last lines for the run record, and keep
-    torch's noise off the terminal (into the rank logs)."""
+    """Relay a child's stream line by line (``bounded_lines``: an overlong line cut, with a
+    note), keep its last lines for the run record, and keep torch's noise off the terminal (into
+    the rank logs)."""
 
     def __init__(
         self,
@@ -235,7 +310,12 @@ class Tail:
         # newlines of noise lines that arrived merged with another line: they come later, on
         # their own, and are not relayed either
         owed = 0
-        for raw in iter(src.readline, b""):
+        for raw, cut in bounded_lines(src):
+            if cut:
+                self._relay(raw + b"\n" if cut < 0 else cut_note(cut), dst)
+                if cut < 0:
+                    self._remember(raw)
+                continue
             if owed and not raw.strip(b"\r\n"):
                 owed -= 1
                 continue
@@ -248,21 +328,27 @@ class Tail:
                 owed += len(noise) + int(left) - 1
             if noise and not left:
                 continue
-            raw = rest
-            try:
-                if self._observer is not None:
-                    self._observer.relay(raw, dst)
-                else:
-                    dst.write(raw)
-                    dst.flush()
-            except (OSError, ValueError):
-                pass
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                self.lines.append(line)
-                del self.lines[: -self._keep]
-                if is_torchrun_line(line) and len(self.torchrun) < TORCHRUN_LINES_KEPT:
-                    self.torchrun.append(line)
+            self._relay(rest, dst)
+            self._remember(rest)
+
+    def _relay(self, raw: bytes, dst: IO[bytes]) -> None:
+        try:
+            if self._observer is not None:
+                self._observer.relay(raw, dst)
+            else:
+                dst.write(raw)
+                dst.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _remember(self, raw: bytes) -> None:
+        """The line into the tail (and torchrun's lines), cut to ``TAIL_LINE_CHARS``."""
+        line = raw[: TAIL_LINE_CHARS * 4].decode("utf-8", "replace").rstrip()[:TAIL_LINE_CHARS]
+        if line:
+            self.lines.append(line)
+            del self.lines[: -self._keep]
+            if is_torchrun_line(line) and len(self.torchrun) < TORCHRUN_LINES_KEPT:
+                self.torchrun.append(line)
 
     def _keep_noise(self, kind: str, raw: bytes) -> None:
         if self._notes is None:
