@@ -13,7 +13,9 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ import pytest
 from mgprof.analyze.run.analysis import analyze_run
 from mgprof.analyze.run.schema import decode_analysis
 from mgprof.analyze.timeline.activity import MAX_SEGMENTS, JobActivity, job_activity
-from mgprof.analyze.timeline.build import build_timeline, find_inputs
+from mgprof.analyze.timeline.build import build_timeline, find_inputs, parse_steps
 from mgprof.analyze.timeline.coarsen import coarsen, share_budget
 from mgprof.analyze.trace.summary import analyze_trace_file
 from mgprof.errors import TraceError
@@ -269,8 +271,12 @@ def test_real_two_rank_report_draws_the_timeline_in_headless_chromium(
     )  # fmt: skip
     steps1 = next(t for t in fig["data"] if t.get("meta", {}).get("rank") == 1)
     assert steps1["base"][0] == pytest.approx(first / 1e3, abs=2e-3)
-    for fragment, ranks in (("view=steps", {0, 1}), ("view=steps&rank=1", {1})):
-        dom, console = render_in_chromium(page, tmp_path / f"p{len(ranks)}", fragment)
+    cases = (("view=steps", {0, 1}), ("view=steps&rank=1", {1}))
+    with ThreadPoolExecutor(2) as pool:  # one Chromium each, side by side
+        pages = list(
+            pool.map(lambda i: render_in_chromium(page, tmp_path / f"p{i}", cases[i][0]), (0, 1))
+        )
+    for (dom, console), (_, ranks) in zip(pages, cases):
         bad = [c for c in console if re.search(r"error|uncaught|refused|failed", c, re.I)]
         assert not bad, bad
         chart = re.search(r'<div class="chart[^"]*" id="steps-activity"([^>]*)>', dom)
@@ -291,3 +297,26 @@ def test_json_round_trip_of_the_activity() -> None:
     act = job_activity(GLOO)
     back = msgspec.json.decode(msgspec.json.encode(act), type=JobActivity)
     assert back.segments == act.segments and back.ranks[1].clock == act.ranks[1].clock
+
+
+def test_the_clocks_of_a_timeline_file_written_from_these_traces_are_read_back(
+    tmp_path: Path,
+) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    files = [traces / f.name for f in GLOO]
+    for src, dst in zip(GLOO, files):
+        dst.write_bytes(src.read_bytes())
+    scanned = job_activity(files)
+    made = tmp_path / "timeline.json.gz"
+    build_timeline(find_inputs(files), made)
+    read_back = job_activity(files, timeline=made)
+    assert (scanned.clock_source, read_back.clock_source) == ("traces", "timeline.json.gz")
+    assert msgspec.structs.replace(read_back, clock_source="traces") == scanned
+    # a timeline of some steps has another origin; one older than a trace may be stale
+    build_timeline(find_inputs(files), made, steps=parse_steps("3"))
+    assert job_activity(files, timeline=made).clock_source == "traces"
+    build_timeline(find_inputs(files), made)
+    os.utime(files[1], (made.stat().st_mtime + 5, made.stat().st_mtime + 5))
+    assert job_activity(files, timeline=made).clock_source == "traces"
+    assert job_activity(files[:1], timeline=made).clock_source == "traces"  # not its files

@@ -17,8 +17,10 @@ the trace loader (:func:`~mgprof.analyze.tracefile.load.load_trace`), the region
 pass (:mod:`~mgprof.analyze.timeline.annotations`). The clock is the timeline's: each trace is
 scanned as ``mgprof timeline`` scans it and :func:`~mgprof.analyze.timeline.clock.align_clocks`
 gives each rank's offset, with the same origin (the job's first event at 0), so that a time on
-the chart is the ``ts`` of the same moment in ``timeline.json.gz``. The bars are cut down to a
-budget (:mod:`~mgprof.analyze.timeline.coarsen`), so a large run's report stays small.
+the chart is the ``ts`` of the same moment in ``timeline.json.gz``; when that file was written
+from these very traces, its own offsets and origin are read back instead of scanning the traces
+again. The bars are cut down to a budget (:mod:`~mgprof.analyze.timeline.coarsen`), so a large
+run's report stays small.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from mgprof.analyze.timeline.clock import ClockOffset, RankClock, align_clocks
 from mgprof.analyze.timeline.coarsen import Segments, coarsen, share_budget
 from mgprof.analyze.timeline.inputs import assign_ranks
 from mgprof.analyze.timeline.scan import RankScan, scan_trace
+from mgprof.analyze.timeline.summary import read_timeline_facts
 from mgprof.analyze.trace.breakdown import cpu_spans, cpu_window, host_collectives
 from mgprof.analyze.tracefile.load import (
     KIND_COMM,
@@ -103,6 +106,9 @@ class JobActivity(msgspec.Struct):
     ranks: list[RankActivity]
     ranks_left_out: list[int]
     notes: list[str]
+    clock_source: str = "traces"
+    """Where the offsets came from: the traces (scanned as ``mgprof timeline`` scans them), or
+    the ``timeline.json.gz`` that was written from them."""
 
     @property
     def intervals(self) -> int:
@@ -218,38 +224,89 @@ def _scan_all(files: Sequence[Path], notes: list[str]) -> list[RankScan]:
     return scans
 
 
-def job_activity(
-    files: Sequence[Path],
-    region_names: Collection[str] = (),
-    *,
-    max_segments: int = MAX_SEGMENTS,
-    max_ranks: int = MAX_RANKS,
-) -> JobActivity:
-    """Every rank's rows (module docstring) from one job's traces, one file per rank; at most
-    ``max_segments`` bars in all and the lowest ``max_ranks`` ranks. TraceError (one line) when
-    a trace cannot be read or two files claim one rank."""
+class _Clocks(msgspec.Struct):
+    """Which file is which rank, each rank's offset and the job's origin."""
+
+    paths: list[Path]
+    ranks: list[int]
+    clocks: dict[int, ClockOffset]
+    origin_us: float
+    source: str
+    notes: list[str]
+
+
+def _from_timeline(files: Sequence[Path], timeline: Path | None) -> _Clocks | None:
+    """The clocks ``timeline.json.gz`` was written with (its ``otherData``), when it is the
+    timeline of exactly these files, of every step, and newer than each of them: the same
+    numbers as a scan would find, without reading the traces once more."""
+    if timeline is None:
+        return None
+    facts = read_timeline_facts(timeline)
+    if not facts or facts.get("steps") is not None or not facts.get("ranks"):
+        return None
+    try:
+        newest = max(f.stat().st_mtime for f in files)
+        if timeline.stat().st_mtime < newest:
+            return None
+        by_name = {f.name: f for f in files}
+        ranks = facts["ranks"]
+        if sorted(str(r.get("file")) for r in ranks) != sorted(by_name):
+            return None
+        clocks = {int(r["rank"]): msgspec.convert(r["clock"], ClockOffset) for r in ranks}
+        origin = float(facts["origin_trace_us"])
+        paths = [by_name[str(r["file"])] for r in ranks]
+        numbers = [int(r["rank"]) for r in ranks]
+    except (OSError, KeyError, TypeError, ValueError, msgspec.ValidationError):
+        return None
+    if len(clocks) != len(numbers):
+        return None
+    notes = [str(n) for n in facts.get("notes") or [] if "not a rank's trace" not in str(n)]
+    return _Clocks(paths, numbers, clocks, origin, timeline.name, notes)
+
+
+def _from_traces(files: Sequence[Path]) -> _Clocks:
+    """The clocks as ``mgprof timeline`` finds them: each trace scanned, the ranks' offsets from
+    their shared collectives, the job's first event at 0."""
     notes: list[str] = []
     scans = _scan_all(files, notes)
     ranks = assign_ranks(scans, notes)
     clocks = align_clocks({r: RankClock(s.anchors, s.base_us) for r, s in zip(ranks, scans)})
     firsts = [s.ts_min + clocks[r].offset_us for r, s in zip(ranks, scans) if s.ts_min is not None]
     origin = min(firsts) if firsts else 0.0
-    order = sorted(range(len(scans)), key=lambda i: ranks[i])
+    return _Clocks([s.path for s in scans], ranks, clocks, origin, "traces", notes)
+
+
+def job_activity(
+    files: Sequence[Path],
+    region_names: Collection[str] = (),
+    *,
+    timeline: Path | None = None,
+    max_segments: int = MAX_SEGMENTS,
+    max_ranks: int = MAX_RANKS,
+) -> JobActivity:
+    """Every rank's rows (module docstring) from one job's traces, one file per rank; at most
+    ``max_segments`` bars in all (and one a row at least) and the lowest ``max_ranks`` ranks.
+    ``timeline``: the job's ``timeline.json.gz``, whose clocks are taken when it was written
+    from these very files. TraceError (one line) when a trace cannot be read or two files
+    claim one rank."""
+    found = _from_timeline(files, timeline) or _from_traces(files)
+    order = sorted(range(len(found.paths)), key=lambda i: found.ranks[i])
     drawn, rest = order[:max_ranks], order[max_ranks:]
     out = JobActivity(
-        reference_rank=min(ranks),
-        origin_trace_us=origin,
+        reference_rank=min(found.ranks),
+        origin_trace_us=found.origin_us,
         max_segments=max_segments,
         ranks=[],
-        ranks_left_out=[ranks[i] for i in rest],
-        notes=notes,
+        ranks_left_out=[found.ranks[i] for i in rest],
+        notes=found.notes,
+        clock_source=found.source,
     )
     left = max_segments
     for k, i in enumerate(drawn):
-        scan, rank = scans[i], ranks[i]
-        shift = clocks[rank].offset_us - origin
-        rt = load_trace(scan.path)
-        got = _rank_rows(rt, region_spans(scan.path, region_names), shift)
+        path, rank = found.paths[i], found.ranks[i]
+        clock = found.clocks[rank]
+        rt = load_trace(path)
+        got = _rank_rows(rt, region_spans(path, region_names), clock.offset_us - found.origin_us)
         del rt
         kinds = [kind for kind in ROW_KINDS if kind in got.rows and got.rows[kind][0].size]
         budgets = share_budget(
@@ -261,7 +318,5 @@ def job_activity(
             segments = coarsen(starts, ends, budget, labels, noun=kind)
             left -= len(segments.count)
             rows.append(ActivityRow(kind, segments))
-        out.ranks.append(
-            RankActivity(rank, scan.path.name, clocks[rank], got.device, got.window_us, rows)
-        )
+        out.ranks.append(RankActivity(rank, path.name, clock, got.device, got.window_us, rows))
     return out

@@ -208,6 +208,11 @@ def cards_html(ctx: Context) -> str:
 
 
 _TIMELINE_RANKS_LISTED = 16
+_OFFLINE = (
+    'Offline, <a href="#view=steps">the Steps view</a> draws every rank\'s steps, regions, '
+    "compute, communication and idle time on the same clock."
+)
+"""Where the page itself shows the timeline (``html_view_timeline``)."""
 
 
 def _run_dir(ctx: Context) -> Path | None:
@@ -235,7 +240,8 @@ def timeline_html(ctx: Context) -> str:
     if facts is None:
         return (
             '<p class="note">Timeline (every rank on one clock, for Perfetto): not made for this '
-            f"run; make it with <code>mgprof timeline {esc(str(run_dir))}</code>.</p>"
+            f"run; make it with <code>mgprof timeline {esc(str(run_dir))}</code>. "
+            f"{_OFFLINE}</p>"
         )
     ranks = [r for r in facts.get("ranks") or [] if isinstance(r, dict)]
     items = [
@@ -253,7 +259,7 @@ def timeline_html(ctx: Context) -> str:
     return (
         f'<div class="timeline"><p><a href="{DEFAULT_NAME}">{DEFAULT_NAME}</a>: every rank on '
         "one clock, as one Chrome/Perfetto trace; open it in ui.perfetto.dev (Open trace file) "
-        f"or chrome://tracing (Load). {offsets}</div>"
+        f"or chrome://tracing (Load). {_OFFLINE} {offsets}</div>"
     )
 
 

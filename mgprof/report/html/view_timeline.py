@@ -65,8 +65,12 @@ def activity(ctx: Context) -> JobActivity | str | None:
     reason = too_large(files)
     if reason is not None:
         return reason
+    folder = files[0].parent
+    beside = folder.parent / DEFAULT_NAME if folder.name == "traces" else None
+    if any(f.parent != folder for f in files):
+        beside = None
     try:
-        return job_activity(files, _region_names(ctx))
+        return job_activity(files, _region_names(ctx), timeline=beside)
     except (TraceError, UsageError) as exc:
         return str(exc)
     except OSError as exc:
