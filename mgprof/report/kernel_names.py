@@ -100,8 +100,15 @@ def _most_specific(args: str) -> str | None:
     return best
 
 
+SCAN_CHARS = 4096
+"""Characters of a name the short form is built from. A short form is at most a table column
+wide and is made from the name's start (the function) and the first template argument, so a
+longer name (a C++ instantiation runs to a few KiB; a broken trace once held one of 200 MB,
+and the character scans made its rendering take minutes) is cut here, before any work."""
+
+
 def _strip(name: str) -> str:
-    text = name.strip()
+    text = name[:SCAN_CHARS].strip()
     for prefix in ("void ", "static ", "__global__ "):
         if text.startswith(prefix):
             text = text[len(prefix) :]

@@ -72,6 +72,12 @@ def json_text(text: str) -> str:
     return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+DISPLAY_CHARS = 8192
+"""Characters of one text the terminal lays out: far more than any sentence or cell mgprof
+prints, and bounded, so a name of hundreds of MB in a trace costs its reading, not a layout
+that grows faster than the name (rich measures and wraps every character)."""
+
+
 def rich_text(
     text: object, style: str = "", multiline: bool = False, highlight: bool = False
 ) -> Text:
@@ -84,6 +90,8 @@ def rich_text(
     from rich.highlighter import ReprHighlighter
     from rich.text import Text
 
+    if isinstance(text, str) and len(text) > DISPLAY_CHARS:
+        text = text[: DISPLAY_CHARS - 1] + "…"
     out = Text(printable(text, multiline=multiline), style=style)
     return ReprHighlighter()(out) if highlight else out
 
