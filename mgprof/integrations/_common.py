@@ -9,6 +9,7 @@ the run directory with the records the other ranks send it.
 from __future__ import annotations
 
 import atexit
+import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -16,6 +17,47 @@ from typing import Any
 import mgprof
 
 NOT_ENDED = "training did not end: the framework never called the callback's end hook"
+
+# Set by mgprof's launcher in every worker's environment (``mgprof analyze``, ``compare``,
+# ``sweep``): the warm-up steps before measuring and the steps traced (``--warmup``,
+# ``--trace-steps``).
+_WARMUP_ENV = "MGPROF_WARMUP"
+_ACTIVE_ENV = "MGPROF_ACTIVE"
+_SCHEDULE = ("skip", "warmup", "active", "trace")
+
+
+def launcher_schedule(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with the trace schedule mgprof's launcher asked for, unless they set one.
+
+    Under ``mgprof compare`` and ``sweep`` a row's figures come from its untraced steady-state
+    steps, after ``--warmup`` and the ``--trace-steps`` window; a callback keeping its own
+    default schedule (skip 1, warm-up 1, 3 traced) traced 4 of 6 steps of a ``--steps 4`` row,
+    and the step writing the trace took the rest, so no row measured any throughput. The
+    schedule is the automatic session's: ``--warmup W`` skips W-1 steps and warms the profiler
+    up on one. Options the callback was given explicitly win.
+    """
+    merged = dict(options)
+    if any(key in merged for key in _SCHEDULE):
+        return merged
+    warmup = _env_count(_WARMUP_ENV)
+    active = _env_count(_ACTIVE_ENV)
+    if warmup is None and active is None:
+        return merged
+    if warmup is not None:
+        merged["skip"] = max(warmup - 1, 0)
+        merged["warmup"] = 1 if warmup >= 1 else 0
+    if active is not None:
+        merged["active"] = active
+    return merged
+
+
+def _env_count(name: str) -> int | None:
+    """A count of steps from the environment; None when unset or not a count (fail open)."""
+    try:
+        value = int(os.environ.get(name, "").strip())
+    except ValueError:
+        return None
+    return value if value >= 0 else None
 
 
 def leading_dim(batch: Any) -> int | None:
@@ -48,6 +90,23 @@ def _first_tensor(batch: Any, depth: int) -> Any:
     return None
 
 
+def exception_error(exception: BaseException) -> str | None:
+    """The error a session that ends on ``exception`` records; None for a clean exit.
+
+    ``SystemExit`` with code 0 or None ends a training on purpose: ``mgprof compare`` and
+    ``sweep`` stop the script with one once the measured steps are done, and a framework that
+    catches every exception (Lightning's ``on_exception``) would otherwise mark each of their runs
+    incomplete. Other codes read as the launcher writes them.
+    """
+    if isinstance(exception, SystemExit):
+        code = exception.code
+        return None if code in (None, 0) else f"exited with code {code}"
+    try:
+        return f"{type(exception).__name__}: {exception}"
+    except Exception:  # the user's exception must propagate, not one from its __str__
+        return f"{type(exception).__name__}: (its message could not be read)"
+
+
 class Profiled:
     """One framework run's session plus the regions a callback opened and has not closed.
 
@@ -58,7 +117,7 @@ class Profiled:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        self.options = dict(options)
+        self.options = launcher_schedule(options)
         mgprof.profile(**self.options)  # bad options raise where the callback is made
         self.session: Any = None
         self.run_dir: Any = None

@@ -8,7 +8,8 @@ the leading dimension of the batches passed to ``on_train_batch_end`` since the 
 included), ``backward`` (``on_before_backward`` to ``on_after_backward``) and ``optimizer``
 (``on_before_optimizer_step`` to ``on_train_batch_end``). ``on_train_end`` closes the session:
 rank 0 writes the run directory and the report, as ``mgprof.profile`` does; ``on_exception``
-closes it with the error.
+closes it with the error (none for ``SystemExit(0)``: how ``mgprof compare`` and ``sweep`` stop
+a script after its measured steps).
 
 Options are ``mgprof.profile``'s (``MgprofCallback(out="runs", name="mnist", active=3)``).
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 from lightning.pytorch import Callback  # type: ignore[import-not-found,unused-ignore]
 
-from mgprof.integrations._common import Profiled, leading_dim
+from mgprof.integrations._common import Profiled, exception_error, leading_dim
 
 __all__ = ["MgprofCallback"]
 
@@ -55,11 +56,7 @@ class MgprofCallback(Callback):  # type: ignore[misc,unused-ignore]
         self._profiled.stop()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        try:
-            error = f"{type(exception).__name__}: {exception}"
-        except Exception:
-            error = f"{type(exception).__name__}: (its message could not be read)"
-        self._profiled.stop(error=error)
+        self._profiled.stop(error=exception_error(exception))
 
     # -- regions -----------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from mgprof.atomic import write_bytes_atomic
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
 from mgprof.report.html.study.sweep_page import write_sweep_html
+from mgprof.run.bootstrap import COMPARE_ENV
 
 SWEEP_JSON = "sweep.json"
 BATCH_SIZE_ENV = "MGPROF_BATCH_SIZE"
@@ -266,7 +267,9 @@ def _run_trial(
     from mgprof.run.finish import finish_run
     from mgprof.run.launcher import launch
 
-    env = {BATCH_SIZE_ENV: str(batch)}
+    # the step limit ends a session the script opened itself (a framework callback's) as it ends
+    # the automatic one: without it such a trial ran the script's whole training
+    env = {BATCH_SIZE_ENV: str(batch), COMPARE_ENV: "1"}
     if config.global_batch is not None:
         env[ACCUM_STEPS_ENV] = str(accum)
     if config.memory_budget_mib is not None:
