@@ -228,7 +228,7 @@ def test_steps_view_draws_the_rows_and_says_how_they_were_bounded(h200: tuple) -
     assert size < 40 * drawn + 5_000
 
 
-def test_a_trace_that_cannot_be_read_leaves_the_step_bars_and_says_why(
+def test_a_trace_that_cannot_be_read_or_is_gone_leaves_the_step_bars_and_says_why(
     h200: tuple, tmp_path: Path
 ) -> None:
     run, analysis = h200
@@ -241,6 +241,10 @@ def test_a_trace_that_cannot_be_read_leaves_the_step_bars_and_says_why(
     assert "steps-activity" not in data["figures"] and "steps-timeline" in data["figures"]
     assert "Timeline of every rank on one clock: not drawn here (" in text
     assert str(broken.name) in text
+    broken.unlink()  # moved away since the analysis read it
+    text = run_to_html(run, decode_analysis(analysis))
+    assert "steps-timeline" in page_data(text)["figures"]
+    assert f"not drawn here (the analysis read {broken}, which is not there any more)" in text
 
 
 # ------------------------------------------------------------------ a real run, in a browser

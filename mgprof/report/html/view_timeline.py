@@ -46,11 +46,11 @@ _RANKS_LISTED = 8
 
 
 def trace_files(ctx: Context) -> list[Path]:
-    """The trace files the analysis read (its summaries' sources) that are still there."""
+    """The trace files the analysis read (its summaries' sources)."""
     files = {
         Path(s.source) for items in ctx.summaries.values() for s in items if s.source
     }  # fmt: skip
-    return sorted(f for f in files if f.is_file())
+    return sorted(files)
 
 
 def _region_names(ctx: Context) -> set[str]:
@@ -62,6 +62,10 @@ def activity(ctx: Context) -> JobActivity | str | None:
     files = trace_files(ctx)
     if not files:
         return None
+    gone = [f for f in files if not f.is_file()]
+    if gone:
+        more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+        return f"the analysis read {gone[0]}{more}, which is not there any more"
     reason = too_large(files)
     if reason is not None:
         return reason
@@ -77,6 +81,8 @@ def activity(ctx: Context) -> JobActivity | str | None:
         return f"a trace could not be read ({exc.strerror or exc})"
     except MemoryError:
         return "ran out of memory reading the traces"
+    except Exception as exc:  # a derived chart: the rest of the report must still be written
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _hover(row_name: str, named: bool, merged: bool) -> str:
