@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from mgprof.analyze.timeline.activity import MAX_SEGMENTS, JobActivity, job_activity, too_large
+from mgprof.analyze.timeline.activity import JobActivity, job_activity, too_large
 from mgprof.analyze.timeline.build import DEFAULT_NAME, clock_line
 from mgprof.analyze.timeline.coarsen import Segments
 from mgprof.errors import TraceError, UsageError
@@ -208,7 +208,7 @@ def timeline_note(act: JobActivity) -> str:
         "the trace window), on one clock; drag to zoom into a span of time, double-click to "
         "zoom out. " + aligned,
         f"Drawn: {_count(bars, 'bar')} for {_count(act.intervals, 'interval')} "
-        f"(at most {MAX_SEGMENTS:,} bars, so that the page stays small)."
+        f"(at most {act.max_segments:,} bars, so that the page stays small)."
         if act.merged == 0
         else f"Drawn: {_count(bars, 'bar')} for {_count(act.intervals, 'interval')}: at most "
         f"{act.max_segments:,} bars, so {act.merged:,} intervals that sat close to others of "
