@@ -120,3 +120,27 @@ def test_torchs_own_container_keeps_the_scripts_order() -> None:
         assert compile_watch.why_not_around_ddp(mine, None) == "the compile options were not seen"
     finally:
         compile_watch.unpatch()
+
+
+def test_the_report_shows_the_compiled_share_each_rank_traced(
+    compiled_run: tuple[str, Path],
+) -> None:
+    """The torch.compile section: dynamo's counters and, per rank whose trace has compiled
+    regions, the compiled share and regions per step as the trace analysis measured them."""
+    from mgprof.analyze.run.schema import decode_analysis
+    from mgprof.records import read_run
+    from mgprof.report.run.sections import build_sections
+
+    stdout, run_dir = compiled_run
+    run = read_run(run_dir)
+    analysis = decode_analysis(run.analysis or {})
+    section = next(s for s in build_sections(run, analysis) if s.title == "torch.compile")
+    assert dict(section.facts)["dynamo"].startswith(f"{run.ranks[0].training.compile.graphs} ")
+    (table,) = section.tables
+    for rank, summaries in analysis.traces.ranks.items():
+        compiled = summaries[0].compiled
+        assert compiled is not None and compiled.compiled_pct is not None
+        cells = next(r for r in table.rows if r[0] == rank)
+        assert cells[2] == f"{compiled.compiled_pct:.1f}"
+        assert cells[3] == f"{compiled.regions_per_step:.1f}"
+    assert "torch.compile ─" in stdout and "compiled %" in stdout

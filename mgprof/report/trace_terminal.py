@@ -182,6 +182,20 @@ def _render_fsdp(job: JobTraceSummary, console: Console) -> None:
         )
 
 
+def _render_compiled(job: JobTraceSummary, console: Console) -> None:
+    """torch.compile's regions per rank (the run report's table), when any rank has them."""
+    from mgprof.report.run import compiled as compiled_view
+    from mgprof.report.term_table import Col, print_fitted
+
+    found = [(str(r.rank), r.compiled) for r in job.ranks if r.compiled is not None]
+    if not found:
+        return
+    cols = [Col(h, numeric=i >= 1) for i, h in enumerate(compiled_view.COLUMNS)]
+    cells: list[list[str | Text]] = [list(r) for r in compiled_view.rank_rows(found)]
+    print_fitted(console, cols, cells, title="torch.compile in the traced steps")
+    console.print(rich_text(compiled_view.NOTE, style="dim", multiline=True))
+
+
 def _bullets(notes: Sequence[str], console: Console) -> None:
     """``  • note``, one per note, a wrapped note indented under its text."""
     from rich.table import Table
@@ -286,6 +300,7 @@ def render_job(job: JobTraceSummary, console: Console, top: int = 10) -> None:
     if coll_rows:
         print_fitted(console, coll_cols, coll_rows, labels=2, title="Collectives")
     _render_fsdp(job, console)
+    _render_compiled(job, console)
     vs = [(r.rank, a) for r in job.ranks for a in (r.attainable or [])]
     if vs:
         att_cols = [

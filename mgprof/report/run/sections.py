@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from mgprof.analyze.run.schema import RunAnalysis
 from mgprof.records import RunRecord
+from mgprof.report.run.compiled import compiled_section
 from mgprof.report.run.figures import (
     TOP_KERNELS,
     communication_section,
@@ -45,6 +46,7 @@ def build_sections(run: RunRecord, analysis: RunAnalysis) -> list[Section]:
         setup_section(run, analysis),
         step_time_section(analysis),
         regions_section(analysis),
+        compiled_section(run, analysis),
         utilisation_section(analysis),
         idle_section(analysis),
         energy_section(analysis),
