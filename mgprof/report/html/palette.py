@@ -15,6 +15,9 @@ COLORS: dict[str, str] = {
     "other device work": "#8e24aa",
     "idle": "#9e9e9e",
     "untraced step": "#cfd8dc",
+    # the timeline's rows above the device work: the steps, mgprof.region blocks
+    "step": "#546e7a",
+    "region": "#00897b",
     # kernel classes
     "tensor cores": "#2e7d32",
     "FP32 GEMM": "#f9a825",

@@ -28,15 +28,15 @@ from mgprof.report.html.view_model import Context, View, figure_spec, rounded
 __all__ = ["COLORS", "timeline_figure", "timeline_note", "trace_files", "traced_timeline"]
 
 COLORS = {
-    "steps": "#546e7a",
-    "regions": "#00897b",
+    "steps": color("step"),
+    "regions": color("region"),
     "compute": color("compute"),
     "communication": color("communication"),
     "other device work": color("other device work"),
     "idle": color("idle"),
 }
 """Compute, communication, other device work and idle in the palette's colours, as in the step
-breakdown; steps and regions (rows of names, outlined) in two muted tones of their own."""
+breakdown; steps and regions (rows of names, outlined) in the palette's two muted tones."""
 _NAMED = ("steps", "regions")
 _ROW_PX = 22
 _MIN_OPACITY = 0.3
