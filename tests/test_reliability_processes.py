@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 from _spawn import clean_env, python_args, write_script
 from test_reliability import DDP_PREAMBLE, analyze, finish, the_run
+
+from mgprof.records import read_run
 
 pytestmark = pytest.mark.slow
 
@@ -165,3 +168,48 @@ def test_a_line_of_200_mb_keeps_mgprofs_memory_bounded(tmp_path: Path) -> None:
     assert run.status == "complete", run.error
     log = (run_dir / "logs" / "rank0.log").read_bytes()
     assert len(log) < 3 * 1024 * 1024 and b"after the long line" in log
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare(1) to mount a 100 KiB tmpfs as --out in a private namespace",
+)
+def test_records_lost_to_a_full_disk_are_said_lost_with_the_steps_made(tmp_path: Path) -> None:
+    """--out on a 100 KiB tmpfs under --gpus 2: both ranks make 8 steps and cannot save their
+    records (ENOSPC). run.json said "the script made no optimizer step"; it says the records
+    were lost, why, and how many steps each rank made."""
+    script = write_script(
+        tmp_path,
+        "full.py",
+        DDP_PREAMBLE
+        + """
+for i in range(8):
+    step()
+dist.destroy_process_group()
+""",
+    )
+    full, kept = tmp_path / "full", tmp_path / "kept"
+    full.mkdir()
+    analyze = " ".join(
+        python_args("-m", "mgprof", "analyze", script, "--gpus", "2", "--quiet", "--out", full)
+    )
+    inner = (
+        f"mount -t tmpfs -o size=100k mgfull {full} || exit 99; "
+        f"{analyze}; code=$?; cp -r {full} {kept}; exit $code"
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", inner],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if proc.returncode == 99 or "unshare:" in proc.stderr:
+        pytest.skip(f"no private tmpfs here: {proc.stderr.strip()[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]  # the training's own result
+    (run_json,) = kept.glob("*/run.json")
+    run = read_run(run_json.parent)
+    error = run.error or ""
+    assert run.status == "incomplete", error
+    assert "no optimizer step" not in error, error
+    assert error.startswith("the ranks' records were lost: could not save the records"), error
+    assert "No space left on device (ENOSPC)" in error, error
+    assert "rank 0 made 8 optimizer steps, rank 1 made 8 optimizer steps" in error, error
+    assert run.exit_code == 0

@@ -267,6 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.resolve().parent))
     try:
+        return _run_script(auto, script)
+    finally:
+        if not _in_forked_child():
+            _say_steps(auto)
+
+
+def _run_script(auto: AutoInstrument, script: Path) -> int:
+    """The script as ``__main__``; this rank recorded and marked finished however it ends."""
+    try:
         runpy.run_path(str(script), run_name="__main__")
         if _in_forked_child():  # the script's own child ended: nothing of mgprof's to finish
             return 0
@@ -289,6 +298,28 @@ def main(argv: list[str] | None = None) -> int:
     _release_autowrap_group()
     _mark_finished()
     return 0
+
+
+STEPS_LINE = "mgprof: rank {rank} made {steps} optimizer step(s)"
+"""The line each rank ends with for the launcher (``mgprof.run.relay`` keeps it off the
+terminal): the steps a rank made, told even when its record could not be saved (a full disk
+takes the progress files and the record alike)."""
+
+
+def _say_steps(auto: AutoInstrument) -> None:
+    """``STEPS_LINE`` on the process's own stderr (not the rank's log: the launcher puts it
+    there), only under mgprof's launcher (which sets the progress folder)."""
+    try:
+        from mgprof.collect.session.progress import PROGRESS_ENV
+
+        stream = sys.__stderr__
+        if not os.environ.get(PROGRESS_ENV) or stream is None:
+            return
+        rank = int(os.environ.get("RANK", "0") or 0)
+        stream.write(STEPS_LINE.format(rank=rank, steps=auto.updates) + "\n")
+        stream.flush()
+    except Exception:  # fail open: the run's record says the same when it was saved
+        pass
 
 
 def _exited(auto: Any, exc: SystemExit) -> int:

@@ -10,6 +10,7 @@ first, of what, and where its log is. The analysis and report files come after, 
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -48,6 +49,8 @@ def finalize(
     torchrun_lines: list[str] | None = None,
     *,
     straggler: str | None = None,
+    lost: list[str] | None = None,
+    steps_seen: dict[int, int] | None = None,
 ) -> RunRecord:
     """Merge what the ranks left (gathered run.json or per-rank partials) and set the status.
 
@@ -62,6 +65,9 @@ def finalize(
 
     ``straggler`` is the launcher's words for ranks it stopped because they ran on long after
     another rank ended (``mgprof.run.stragglers``): the run's error, with where each was.
+    ``lost`` holds the ranks' lines about records they could not save and ``steps_seen`` the
+    steps each rank reported in its progress file: a run whose records are missing after steps
+    were made says its records were lost (a full disk), not that the script made no step.
     """
     try:
         run = read_run(run_dir)
@@ -95,6 +101,12 @@ def finalize(
         error = _failure(code, exits, stderr_tail, errors, run_dir, initial.world_size)
     elif rank_errors:
         error = rank_errors[0]
+    elif (
+        not satellite
+        and (nothing or run.missing_ranks)
+        and (said := records_lost(lost, steps_seen, run))
+    ):
+        error = said
     elif nothing:
         error = f"{NO_STEP} (exit code 0)"
         run = msgspec.structs.replace(run, missing_ranks=[])
@@ -131,6 +143,55 @@ def finalize(
     else:
         write_timeline(run_dir, run)
     return run
+
+
+def records_lost(
+    lost: list[str] | None, steps_seen: dict[int, int] | None, run: RunRecord
+) -> str | None:
+    """``the ranks' records were lost: could not save the records of ranks 0, 1 to
+    RUN/run.json: No space left on device (ENOSPC); rank 0 made 8 optimizer steps, rank 1 made 8
+    optimizer steps before that (free space and re-run)``: what the ranks said of the records
+    they could not save, and the steps they reported, when a rank made steps whose record is not
+    here; None when nothing says steps were made."""
+    recorded = {r.rank for r in run.ranks}
+    made = {r: n for r, n in sorted((steps_seen or {}).items()) if n > 0 and r not in recorded}
+    said = [text for text in dict.fromkeys(_save_failure(line) for line in lost or []) if text]
+    records = [text for text in said if " record" in text]
+    said = records or said  # the records' loss says it all: the traces' went first
+    if not made and not said:
+        return None
+    steps = ", ".join(
+        f"rank {r} made {n} optimizer step{'s' if n != 1 else ''}" for r, n in made.items()
+    )
+    if not said:
+        return (
+            f"no record reached the run folder although {steps} (their progress files); the "
+            "ranks' records were lost on the way (see logs/rank<N>.log)"
+        )
+    text = f"the ranks' records were lost: {'; '.join(said[:3])}"
+    text = f"{text}; {steps} before that" if steps else text
+    fixes = [f for line in lost or [] if (f := _fix_said(line))]
+    return f"{text} ({fixes[0]})" if fixes else text
+
+
+def _fix_said(line: str) -> str:
+    """What the rank's line says to do: its last parenthesis (``free space and re-run``)."""
+    text = line.rstrip()
+    at = text.rfind("(")
+    return text[at + 1 : -1] if text.endswith(")") and at >= 0 else ""
+
+
+def _save_failure(line: str) -> str:
+    """From a rank's ``... MgprofWarning: mgprof writer: OSError: could not save X to P: No space
+    left on device; ...`` line: ``could not save X to P: No space left on device (ENOSPC)``."""
+    at = line.find("could not save ")
+    if at < 0:
+        return ""
+    text = line[at:].split("; ", 1)[0]
+    for code, name in sorted(errno.errorcode.items()):
+        if text.endswith(f": {os.strerror(code)}"):
+            return f"{text} ({name})"
+    return text
 
 
 def write_timeline(run_dir: Path, run: RunRecord) -> None:

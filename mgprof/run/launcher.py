@@ -490,29 +490,46 @@ def launch(
         crowded = oversubscription_warning(p, env)
         if crowded:
             say(crowded)
-        proc, stopped, leftovers, err_tail, stragglers = _run_workers(
-            config, p, run_dir, cmd, env, on_progress, observer
-        )
+        ran = _run_workers(config, p, run_dir, cmd, env, on_progress, observer)
     finally:
         if observer is not None:
             observer.ended()
-    if leftovers:
-        say(f"mgprof: ended {leftovers} process(es) the script left running after it exited")
+    if ran.leftovers:
+        say(f"mgprof: ended {ran.leftovers} process(es) the script left running after it exited")
     if on_progress is not None:
         on_progress(read_progress(run_dir / ".progress"))
+    stopped = ran.stopped
     how = stopped.label if stopped is not None else None
     finalize = sys.modules[__name__].finalize  # through the namespace (loaded on first use)
     run = finalize(
         run_dir,
         initial,
-        proc.returncode,
-        err_tail.lines,
+        ran.proc.returncode,
+        ran.err_tail.lines,
         how,
-        err_tail.torchrun,
-        straggler=stragglers.note() if stragglers is not None else None,
+        ran.err_tail.torchrun,
+        straggler=ran.stragglers.note() if ran.stragglers is not None else None,
+        lost=ran.err_tail.lost,
+        steps_seen=ran.steps_seen,
     )
     exit_code = 128 + stopped.signum if stopped is not None else shell_code(run.exit_code or 0)
     return LaunchResult(run_dir=run_dir, run=run, exit_code=exit_code, plan=p, stopped=stopped)
+
+
+@dataclass
+class Ran:
+    """What ``_run_workers`` saw of the workers, for ``finalize``."""
+
+    proc: subprocess.Popen[bytes]
+    stopped: Stopped | None
+    leftovers: int
+    """Processes the script left running after it exited, ended by mgprof."""
+    err_tail: Tail
+    stragglers: StragglerWatch | None
+    """The watch that stops a rank left running after another ended (torchrun runs only)."""
+    steps_seen: dict[int, int]
+    """The most steps each rank reported (its progress file, its closing line): the steps a run
+    made even when its records were lost (a full disk)."""
 
 
 def _run_workers(
@@ -523,11 +540,9 @@ def _run_workers(
     env: dict[str, str],
     on_progress: ProgressCallback | None,
     observer: LaunchObserver | None,
-) -> tuple[subprocess.Popen[bytes], Stopped | None, int, Tail, StragglerWatch | None]:
+) -> Ran:
     """Start the workers, relay their output, report progress, and wait for them (or stop
-    them on a signal). Returns the process, the stop, the leftovers ended, stderr's tail and the
-    watch that stops a rank left running after another ended (``stragglers``; torchrun runs
-    only)."""
+    them on a signal)."""
     notes = RankLogNotes(run_dir)
     rank_of = RankOfPid(one_process=not one_process_per_rank(p.strategy))
     with stop_signals(), child_subreaper() as adopting:
@@ -562,14 +577,15 @@ def _run_workers(
                 kill_after_s=config.stop_grace_s,
             )
         stopped: Stopped | None = None
+        steps_seen: dict[int, int] = {}
         try:
             while proc.poll() is None:
-                counts = None
-                if on_progress is not None or observer is not None:
-                    counts = read_progress(run_dir / ".progress")
-                if on_progress is not None and counts is not None:
+                counts = read_progress(run_dir / ".progress")
+                for rank, done in counts.items():
+                    steps_seen[rank] = max(done, steps_seen.get(rank, 0))
+                if on_progress is not None:
                     on_progress(counts)
-                if observer is not None and counts is not None:
+                if observer is not None:
                     observer.progress(counts, *_ranks_begun_and_ended(run_dir))
                 notes.flush()
                 tree.scan(force=False)
@@ -585,9 +601,14 @@ def _run_workers(
         out_tail.join()
         err_tail.join()
         notes.flush()
+    counts = read_progress(run_dir / ".progress")
+    for rank, done in counts.items():
+        steps_seen[rank] = max(done, steps_seen.get(rank, 0))
     if observer is not None:
-        observer.progress(read_progress(run_dir / ".progress"), *_ranks_begun_and_ended(run_dir))
-    return proc, stopped, leftovers, err_tail, stragglers
+        observer.progress(counts, *_ranks_begun_and_ended(run_dir))
+    for rank, done in err_tail.steps.items():
+        steps_seen[rank] = max(done, steps_seen.get(rank, 0))
+    return Ran(proc, stopped, leftovers, err_tail, stragglers, steps_seen)
 
 
 def straggler_bound_s(config: LaunchConfig) -> float:

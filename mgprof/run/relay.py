@@ -42,6 +42,9 @@ from mgprof.run.failures import is_torchrun_line
 from mgprof.run.ranklog import LOGS_DIR
 
 TORCHRUN_LINES_KEPT = 4000
+LOST_LINES_KEPT = 100
+_SAVE_FAILED = "mgprof writer: "
+"""How a rank's line about a file it could not save begins (``collect.session.delivery``)."""
 READ_BYTES = 64 * 1024
 LINE_BYTES_SHOWN = 64 * 1024
 """A line of the script's output longer than this is cut for the terminal, with a note."""
@@ -60,12 +63,19 @@ _TORCHRUN_LOG = re.compile(rb"^[IWEF]\d{4} [\d:.]+ \d+ \S*torch/distributed/run\
 _OMP_BANNER_TEXT = re.compile(rb"^(?:|\*{5,}|Setting OMP_NUM_THREADS environment variable .*)$")
 
 
+_STEPS_LINE = re.compile(rb"^mgprof: rank (\d+) made (\d+) optimizer step\(s\)$")
+"""``mgprof.run.bootstrap.STEPS_LINE``: the steps a rank made, its last line for the launcher."""
+
+
 def noise_kind(raw: bytes) -> str | None:
-    """``profiler`` for Kineto's lines, ``banner`` for torchrun's OMP_NUM_THREADS banner, None
-    for everything else (the script's output, real warnings and errors)."""
+    """``profiler`` for Kineto's lines, ``banner`` for torchrun's OMP_NUM_THREADS banner,
+    ``steps`` for a rank's closing count of steps (``mgprof.run.bootstrap``), None for
+    everything else (the script's output, real warnings and errors)."""
     line = raw.rstrip(b"\r\n")
     if line.startswith(_PROFILER_PREFIX):
         return "profiler"
+    if _STEPS_LINE.match(line):
+        return "steps"
     found = _TORCHRUN_LOG.match(line)
     if found and _OMP_BANNER_TEXT.match(found.group(1).rstrip()):
         return "banner"
@@ -94,8 +104,8 @@ def split_noise(raw: bytes) -> tuple[list[tuple[str, bytes]], bytes]:
     where each of its lines starts (each names its own process); elsewhere in a line, only the
     complete Kineto line is taken out."""
     kind = noise_kind(raw)
-    if kind == "banner":
-        return [("banner", raw)], b""
+    if kind in ("banner", "steps"):
+        return [(kind, raw)], b""
     if kind == "profiler":
         cuts = [m.start() for m in _PROFILER_START.finditer(raw)] or [0]
         cuts = [0, *[c for c in cuts if c > 0]]
@@ -299,6 +309,11 @@ class Tail:
         """torchrun's failure-summary lines, kept however long the rest of the output is."""
         self.hidden = 0
         """Noise lines kept off the terminal."""
+        self.steps: dict[int, int] = {}
+        """Steps each rank said it made as it ended (``bootstrap.STEPS_LINE``)."""
+        self.lost: list[str] = []
+        """The ranks' own lines about records they could not save (a full disk): the run's
+        error quotes them however much output came after."""
         self._keep = keep
         self._notes = notes
         self._rank_of = rank_of
@@ -349,11 +364,16 @@ class Tail:
             del self.lines[: -self._keep]
             if is_torchrun_line(line) and len(self.torchrun) < TORCHRUN_LINES_KEPT:
                 self.torchrun.append(line)
+            if _SAVE_FAILED in line and len(self.lost) < LOST_LINES_KEPT:
+                self.lost.append(line)
 
     def _keep_noise(self, kind: str, raw: bytes) -> None:
+        rank = None
+        if kind == "steps" and (said := _STEPS_LINE.match(raw.rstrip(b"\r\n"))):
+            rank = int(said.group(1))
+            self.steps[rank] = max(int(said.group(2)), self.steps.get(rank, 0))
         if self._notes is None:
             return
-        rank = None
         pid = profiler_pid(raw) if kind == "profiler" else None
         if pid is not None and self._rank_of is not None:
             rank = self._rank_of(pid)
