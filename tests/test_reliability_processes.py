@@ -213,3 +213,48 @@ dist.destroy_process_group()
     assert "No space left on device (ENOSPC)" in error, error
     assert "rank 0 made 8 optimizer steps, rank 1 made 8 optimizer steps" in error, error
     assert run.exit_code == 0
+
+
+LOOP = """
+import time, torch
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+while True:
+    model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+    time.sleep(0.05)
+"""
+
+
+def _wait_for_a_step(tmp_path: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        found = list((tmp_path / "runs").glob("*/.progress/rank0"))
+        text = found[0].read_text().strip() if found else ""
+        if text.isdigit() and int(text) >= 2:
+            return
+        time.sleep(0.2)
+    pytest.fail("the script never made its steps")
+
+
+@pytest.mark.parametrize(
+    ("signals", "code"),
+    [((signal.SIGHUP,), 129), ((signal.SIGINT, signal.SIGINT), 130)],
+    ids=["SIGHUP", "double-Ctrl-C"],
+)
+def test_run_json_records_the_exit_code_mgprof_exits_with(
+    tmp_path: Path, signals: tuple[int, ...], code: int
+) -> None:
+    """run.json recorded 143 after SIGHUP (mgprof exits 129: torchrun's or the rank's code after
+    the forwarded SIGTERM) and 0 after a double Ctrl-C."""
+    script = write_script(tmp_path, "loop.py", LOOP)
+    proc, started = analyze(tmp_path, script, "--trace-steps", "0")
+    _wait_for_a_step(tmp_path, proc)
+    for sig in signals:
+        proc.send_signal(sig)
+        time.sleep(0.3)
+    got, err, _ = finish(proc, started)
+    assert got == code, err[-3000:]
+    _, run = the_run(tmp_path)
+    assert run.status == "interrupted", run.error
+    assert run.exit_code == code, (run.exit_code, run.error)

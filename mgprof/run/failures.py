@@ -34,6 +34,11 @@ def is_torchrun_line(line: str) -> bool:
     )
 
 
+def shell_code(code: int) -> int:
+    """A ``Popen`` return code as a shell reports it: killed by signal N (``-N``) is 128+N."""
+    return 128 - code if code < 0 else code
+
+
 def signal_name(exit_code: int) -> str | None:
     """``SIGKILL`` for -9 (killed) or 137 (128 + 9, a handler's exit); None for other codes."""
     number = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else 0

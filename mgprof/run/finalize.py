@@ -34,6 +34,7 @@ from mgprof.run.failures import (
     describe_exits,
     last_meaningful,
     parse_torchrun_failures,
+    shell_code,
     signal_name,
     stack_sites,
 )
@@ -55,8 +56,10 @@ def finalize(
     """Merge what the ranks left (gathered run.json or per-rank partials) and set the status.
 
     ``interrupted`` names what stopped the launcher (``Ctrl-C``, ``SIGTERM``...), None when the
-    script ended by itself. The run's exit code is the script's own: the first failing rank's
-    under torchrun (which itself only says 1), the process's otherwise. Traces a dead rank left
+    script ended by itself; ``code`` is then 128 + that signal. The run's exit code is the
+    script's own: the first failing rank's under torchrun (which itself only says 1), the
+    process's otherwise; recorded as a shell reports it (killed by SIGKILL: 137), which is the
+    code mgprof exits with. Traces a dead rank left
     in its staging folder are recovered first (``mgprof.collect.session.staging``).
 
     In a multi-node job the ranks send their records to rank 0, which may live on any node
@@ -118,7 +121,7 @@ def finalize(
         run,
         status=status,
         error=error,
-        exit_code=code,
+        exit_code=shell_code(code),
         strategy=initial.strategy,
         world_size=initial.world_size,
         nnodes=initial.nnodes,

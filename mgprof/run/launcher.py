@@ -30,6 +30,7 @@ from mgprof.collect.session.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
 from mgprof.run import entry
+from mgprof.run.failures import shell_code
 from mgprof.run.process_tree import (
     ProcessTree,
     Stopped,
@@ -501,10 +502,13 @@ def launch(
     stopped = ran.stopped
     how = stopped.label if stopped is not None else None
     finalize = sys.modules[__name__].finalize  # through the namespace (loaded on first use)
+    # a stop's exit code is 128 + the signal mgprof got, whatever its child made of the stop
+    # (torchrun says 143 after SIGHUP, a killed tree 0 or -9): run.json records what mgprof exits
+    code = 128 + stopped.signum if stopped is not None else ran.proc.returncode
     run = finalize(
         run_dir,
         initial,
-        ran.proc.returncode,
+        code,
         ran.err_tail.lines,
         how,
         ran.err_tail.torchrun,
@@ -512,7 +516,7 @@ def launch(
         lost=ran.err_tail.lost,
         steps_seen=ran.steps_seen,
     )
-    exit_code = 128 + stopped.signum if stopped is not None else shell_code(run.exit_code or 0)
+    exit_code = run.exit_code if run.exit_code is not None else shell_code(code)
     return LaunchResult(run_dir=run_dir, run=run, exit_code=exit_code, plan=p, stopped=stopped)
 
 
@@ -657,11 +661,6 @@ def launch_facts(config: LaunchConfig, p: Plan, run_dir: Path) -> LaunchFacts:
         active=config.active,
         label=label,
     )
-
-
-def shell_code(code: int) -> int:
-    """A ``Popen`` return code as a shell reports it: killed by signal N (``-N``) is 128+N."""
-    return 128 - code if code < 0 else code
 
 
 def _stop_tree(proc: subprocess.Popen[bytes], tree: ProcessTree, sig: int, grace_s: float) -> None:
