@@ -25,8 +25,8 @@ from mgprof.analyze.compare.scaling import (
     observed_mode,
     read_comparison,
     trial_batches,
-    verdict,
 )
+from mgprof.analyze.compare.verdict import verdict
 from mgprof.cli import main
 from mgprof.records import RankRecord, RunRecord, StepRecord, read_run
 from mgprof.report.compare_view import (

@@ -115,7 +115,9 @@ def test_comparison_page_shows_every_row_of_every_table(
         assert f">{esc(header)}</th>" in compare_page
     for line in compare_view.header_lines(comparison):
         assert f"<li>{esc(line)}</li>" in compare_page
-    assert f"<strong>Verdict:</strong> {prose(comparison.verdict)}</p>" in compare_page
+    assert f"<strong>Answer:</strong> {prose(comparison.answer[0])}</p>" in compare_page
+    for caveat in comparison.caveats:
+        assert f"<li>{prose(caveat)}</li>" in compare_page
     for line in compare_view.note_lines(comparison):
         assert f"<li>{prose(line)}</li>" in compare_page
 

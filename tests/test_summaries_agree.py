@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-from mgprof.analyze.compare.scaling import add_speedups, build_row, verdict
+from mgprof.analyze.compare.scaling import add_speedups, build_row
+from mgprof.analyze.compare.verdict import verdict
 from mgprof.analyze.sweep.planner import SweepPlanner
 from mgprof.analyze.sweep.result import summarize
 from mgprof.analyze.sweep.trials import Trial

@@ -19,7 +19,8 @@ import pytest
 from _data import TRACES
 from rich.console import Console
 
-from mgprof.analyze.compare.scaling import Comparison, Row, add_speedups, verdict
+from mgprof.analyze.compare.scaling import Comparison, Row, add_speedups
+from mgprof.analyze.compare.verdict import verdict
 from mgprof.analyze.sweep.result import SweepResult
 from mgprof.analyze.sweep.trials import Trial
 from mgprof.commands.report import build_analysis

@@ -11,7 +11,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from mgprof.analyze.compare.scaling import Comparison, Row, encode_comparison, state_mib
+from mgprof.analyze.compare.scaling import Comparison, Row, encode_comparison
+from mgprof.analyze.compare.verdict import state_mib
 from mgprof.report.safe_text import json_text, md_link, md_text, rich_text
 from mgprof.report.term_table import Col, print_fitted
 
@@ -291,17 +292,34 @@ def note_lines(comp: Comparison) -> list[str]:
     return lines
 
 
+def answer_lines(comp: Comparison) -> list[tuple[str, str]]:
+    """(label, sentence) pairs that open every form of a comparison: the answer (strategy,
+    precision, memory), then its caveats. A comparison recorded before the answer was kept
+    apart opens with its whole one-line verdict."""
+    if not comp.answer:
+        return [("verdict", comp.verdict)] if comp.verdict else []
+    labels = ["answer"] + ["" for _ in comp.answer[1:]]
+    lines = list(zip(labels, comp.answer, strict=True))
+    lines += [("caveat", text) for text in comp.caveats]
+    return lines
+
+
 def render_comparison(comp: Comparison, console: Console, where: str | None = None) -> None:
-    """The terminal form: header, table, verdict, notes."""
+    """The terminal form: the answer and its caveats, the table, then what was compared and
+    the other tables and notes."""
     console.rule(Text("mgprof compare", style="bold"), align="left")
-    for line in header_lines(comp):
-        console.print(rich_text(line))
+    for label, text in answer_lines(comp):
+        head = Text(f"{label}: ", style="bold") if label else Text("")
+        style = "dim" if label == "caveat" else ""
+        console.print(head + rich_text(text, style=style, multiline=True))
     columns = [Col(col, numeric=i > 0) for i, col in enumerate(SHORT_COLUMNS)]
     cells = [
         [rich_text(c, style="dim" if c in ("n/a", "-") else "") for c in row]
         for row in table_cells(comp)
     ]
     print_fitted(console, columns, cells)
+    for line in header_lines(comp):
+        console.print(rich_text(line))
     memory = memory_cells(comp)
     if memory:
         columns = [Col(col, numeric=i > 0) for i, col in enumerate(MEMORY_SHORT)]
@@ -315,7 +333,6 @@ def render_comparison(comp: Comparison, console: Console, where: str | None = No
             for row in precision
         ]
         print_fitted(console, columns, cells)
-    console.print(Text("verdict: ", style="bold") + rich_text(comp.verdict, multiline=True))
     for line in note_lines(comp):
         console.print(rich_text(line, style="dim", multiline=True))
     if where:
@@ -326,10 +343,16 @@ def render_comparison(comp: Comparison, console: Console, where: str | None = No
 def comparison_to_markdown(comp: Comparison) -> str:
     """GitHub-flavoured Markdown of the same table, with links to each strategy's run."""
     out = [f"# mgprof compare: {md_text(comp.comparison_id or comp.script)}", ""]
-    out += [f"- {md_text(line)}" for line in header_lines(comp)]
+    for label, text in answer_lines(comp):
+        if label == "caveat":
+            out.append(f"- {md_text(text)}")
+        else:
+            lead = f"**{label.capitalize()}:** " if label else ""
+            out += [f"{lead}{md_text(text)}", ""]
     out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for cells in table_cells(comp):
         out.append("| " + " | ".join(md_text(c) for c in cells) + " |")
+    out += [""] + [f"- {md_text(line)}" for line in header_lines(comp)]
     memory = memory_cells(comp)
     if memory:
         out += ["", "| " + " | ".join(MEMORY_COLUMNS) + " |", "|" + "---|" * len(MEMORY_COLUMNS)]
@@ -339,8 +362,7 @@ def comparison_to_markdown(comp: Comparison) -> str:
         out += ["", "| " + " | ".join(PRECISION_COLUMNS) + " |"]
         out += ["|" + "---|" * len(PRECISION_COLUMNS)]
         out += ["| " + " | ".join(md_text(c) for c in cells) + " |" for cells in precision]
-    out += ["", f"**Verdict:** {md_text(comp.verdict)}", ""]
-    out += [f"- {md_text(line)}" for line in note_lines(comp)]
+    out += [""] + [f"- {md_text(line)}" for line in note_lines(comp)]
     if comp.runs:
         out += ["", "## Runs", ""]
         out += [

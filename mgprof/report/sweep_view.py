@@ -125,13 +125,15 @@ def rows(result: SweepResult) -> list[list[str]]:
 
 
 def facts(result: SweepResult) -> list[tuple[str, str]]:
-    """The answer, then the context needed to read it."""
+    """The answer, then the context needed to read it (``answer_facts`` + ``context_facts``)."""
+    return answer_facts(result) + context_facts(result)
+
+
+def answer_facts(result: SweepResult) -> list[tuple[str, str]]:
+    """What a reader came for, first: the recommendation and the gradient noise scale when
+    measured, the sweet spot, the optimum, the largest fit, the first OOM, the communication
+    trend."""
     margin_pct = f"{100 * result.margin:.0f} %"
-    cap = (
-        f"{result.capacity_mib:,.0f} MiB ({result.capacity_source or 'device'})"
-        if result.capacity_mib is not None
-        else "unknown (no memory boundary on CPU without --memory-budget-mib)"
-    )
     spot = _batch(result, result.sweet_spot)
     if result.sweet_spot_vs_best is not None and result.sweet_spot != result.throughput_optimal:
         ratio, low, high = result.sweet_spot_vs_best
@@ -143,11 +145,28 @@ def facts(result: SweepResult) -> list[tuple[str, str]]:
     if result.tied_with_optimal:
         tied = ", ".join(str(b) for b in result.tied_with_optimal)
         optimal += f"; not measurably faster than batch {tied} (95 % intervals hold 1)"
-    out = [
+    noise = noise_facts(result)
+    out = [item for item in noise if item[0] == "recommendation"]
+    out += [
         ("sweet spot", spot),
         ("throughput-optimal", optimal),
         (f"largest fit ({margin_pct} headroom)", _batch(result, result.largest_fit)),
         ("first OOM", str(result.first_oom) if result.first_oom is not None else "none seen"),
+    ]
+    out += [item for item in noise if item[0] != "recommendation"]
+    if result.comm_trend:
+        out.append(("communication", result.comm_trend))
+    return out
+
+
+def context_facts(result: SweepResult) -> list[tuple[str, str]]:
+    """How the answer was measured: the memory boundary, devices, trials, where it went."""
+    cap = (
+        f"{result.capacity_mib:,.0f} MiB ({result.capacity_source or 'device'})"
+        if result.capacity_mib is not None
+        else "unknown (no memory boundary on CPU without --memory-budget-mib)"
+    )
+    out = [
         (
             "predicted max batch",
             str(result.predicted_max_batch)
@@ -171,9 +190,6 @@ def facts(result: SweepResult) -> list[tuple[str, str]]:
         )
     if result.fixed_global_batch is not None:
         out.append(("fixed global batch", f"{result.fixed_global_batch} (gradient accumulation)"))
-    if result.comm_trend:
-        out.append(("communication", result.comm_trend))
-    out += noise_facts(result)
     if result.sweep_dir:
         out.append(("sweep directory", result.sweep_dir))
     return out
@@ -250,15 +266,20 @@ def _batch(result: SweepResult, batch: int | None) -> str:
     )
 
 
-def render_sweep(result: SweepResult, console: Console) -> None:
-    """The sweep as the terminal shows it: answer, table, caveats."""
-    rule_with_path(console, "mgprof sweep:", result.script or "", align="left")
+def _print_facts(console: Console, items: list[tuple[str, str]]) -> None:
     grid = RichTable.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    for key, value in facts(result):
+    for key, value in items:
         grid.add_row(rich_text(key), rich_text(value, multiline=True))
     console.print(grid)
+
+
+def render_sweep(result: SweepResult, console: Console) -> None:
+    """The sweep as the terminal shows it: the answer, the table, how it was measured, the
+    caveats."""
+    rule_with_path(console, "mgprof sweep:", result.script or "", align="left")
+    _print_facts(console, answer_facts(result))
     names = columns(result)
     cols = [Col(col, numeric=i not in (2, len(names) - 1)) for i, col in enumerate(names)]
     cells = [
@@ -266,6 +287,7 @@ def render_sweep(result: SweepResult, console: Console) -> None:
         for row in rows(result)
     ]
     print_fitted(console, cols, cells)
+    _print_facts(console, context_facts(result))
     for note in table_notes(result):
         console.print(Text(note, "dim"))
     for note in _caveats(result):
@@ -275,10 +297,11 @@ def render_sweep(result: SweepResult, console: Console) -> None:
 def sweep_to_markdown(result: SweepResult) -> str:
     """The same content as the terminal view, as GitHub Markdown."""
     lines = [f"# Batch-size sweep: {md_text(result.script or '')}", ""]
-    lines += [f"- **{md_text(k)}**: {md_text(v)}" for k, v in facts(result)]
+    lines += [f"- **{md_text(k)}**: {md_text(v)}" for k, v in answer_facts(result)]
     names = columns(result)
     lines += ["", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     lines += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in rows(result)]
+    lines += [""] + [f"- **{md_text(k)}**: {md_text(v)}" for k, v in context_facts(result)]
     for note in table_notes(result):
         lines += ["", f"{note}."]
     notes = _caveats(result)

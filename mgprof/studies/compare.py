@@ -39,12 +39,11 @@ from mgprof.analyze.compare.scaling import (
     build_row,
     differences,
     encode_comparison,
-    memory_tradeoff,
     observed_mode,
     row_name,
     trial_batches,
-    verdict,
 )
+from mgprof.analyze.compare.verdict import memory_tradeoff, verdict_parts
 from mgprof.atomic import write_bytes_atomic
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
@@ -307,12 +306,14 @@ def compare(
     args = (cpu, comp.mode, comp.intervals, comp.busy, comp.differences, rounds)
     if wanted:
         compare_precisions(comp.rows, losses, comp.intervals)
-        comp.verdict = comparison_verdict(comp.rows, *args)
+        parts, precision = comparison_verdict(comp.rows, *args)
     else:
-        comp.verdict = verdict(comp.rows, *args)
+        parts, precision = verdict_parts(comp.rows, *args), ""
     tradeoff = memory_tradeoff(comp.rows, comp.intervals)
-    if tradeoff is not None:
-        comp.verdict += f"; {tradeoff}"
+    comp.answer = [parts.answer, *(line for line in (precision, tradeoff) if line)]
+    comp.caveats = list(parts.caveats)
+    comp.verdict = parts.line() + (f". {precision}" if precision else "")
+    comp.verdict += f"; {tradeoff}" if tradeoff else ""
     write_bytes_atomic(comp_dir / COMPARISON_JSON, encode_comparison(comp))
     _write_markdown(comp_dir, comp)
     write_comparison_html(comp_dir, comp)

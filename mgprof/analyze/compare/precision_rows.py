@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mgprof.analyze.compare.scaling import Interval, Row, ratio_between, row_name, verdict
+from mgprof.analyze.compare.scaling import Interval, Row, row_name
+from mgprof.analyze.compare.verdict import VerdictParts, ratio_between, verdict_parts
 from mgprof.analyze.readers import as_dict as _dict
 from mgprof.analyze.readers import num as _num
 from mgprof.analyze.run.precision import loss_check, setting_label
@@ -197,14 +198,13 @@ def comparison_verdict(
     busy: Sequence[str] = (),
     diffs: Sequence[str] = (),
     rounds: int = 1,
-) -> str:
-    """The strategy verdict over the baseline rows, then the precision sentence for the best
-    strategy's rows."""
+) -> tuple[VerdictParts, str]:
+    """The strategy verdict over the baseline rows, and the precision sentence for the best
+    strategy's rows ("" without precision rows)."""
     bases = baseline_rows(rows)
-    text = verdict(bases, cpu, mode, intervals, busy, diffs, rounds)
+    parts = verdict_parts(bases, cpu, mode, intervals, busy, diffs, rounds)
     measured = [r for r in bases if r.samples_per_s is not None]
     best = max(measured, key=lambda r: r.samples_per_s or 0.0).strategy if measured else None
     if best is None and bases:
         best = bases[0].strategy
-    extra = precision_verdict(rows, best, cpu)
-    return f"{text}. {extra}" if extra else text
+    return parts, precision_verdict(rows, best, cpu)

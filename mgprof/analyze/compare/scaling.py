@@ -1,4 +1,4 @@
-"""Single vs DataParallel vs DDP, measured: the rows of ``mgprof compare`` and its verdict.
+"""Single vs DataParallel vs DDP vs FSDP, measured: the rows of ``mgprof compare``.
 
 Pure: each strategy's ``RunRecord`` and analysis dict (plus its A/B result) in, a ``Comparison``
 out. A row's step time and throughput come from its untraced steady-state steps, pooled over
@@ -6,8 +6,7 @@ its rounds (``mgprof.analyze.step_samples``). Speedup is throughput(strategy) /
 throughput(single) — samples per second, so weak and strong scaling are judged by the same rule
 (with a fixed global batch it equals the step-time ratio) — and scaling efficiency is speedup /
 devices. Which scaling the rows show is read off the batches they trained, not assumed. The
-verdict names a winner only when the 95 % interval of its throughput ratio to every other row
-lies above 1; otherwise it says there is no measurable difference, with the interval.
+verdict over these rows is ``mgprof.analyze.compare.verdict``.
 """
 
 from __future__ import annotations
@@ -199,6 +198,13 @@ class Comparison(msgspec.Struct, kw_only=True):
     """What differs between the rows besides the strategy and could explain the result."""
     busy: list[str] = msgspec.field(default_factory=list)
     """Rows measured while other processes used the machine, in words."""
+    answer: list[str] = msgspec.field(default_factory=list)
+    """The verdict's answer, a sentence each: the strategy, then the precision rows and the
+    memory trade-off when measured (what every report puts first)."""
+    caveats: list[str] = msgspec.field(default_factory=list)
+    """What could have moved the figures (one round, rows that differ in more than the
+    strategy, a busy machine, CPU ranks): said beside the answer. Both are empty in a
+    comparison recorded before they existed; ``verdict`` holds everything in one line."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -551,117 +557,6 @@ def add_speedups(rows: Sequence[Row]) -> list[Interval]:
     return [i for i in found.values() if i.a < i.b]
 
 
-# --------------------------------------------------------------------------------------------
-# Verdict
-
-
-SCALE_WORDS = {
-    "weak": "per-device batch fixed",
-    "strong": "global batch fixed",
-    "mixed": "batches differ between rows: throughput ratio",
-    "unknown": "batch per step not seen in every row",
-}
-
-
-def ratio_between(intervals: Sequence[Interval], a: str, b: str) -> Interval | None:
-    """rate(a) / rate(b) with its interval, from either direction."""
-    for i in intervals:
-        if (i.a, i.b) == (a, b):
-            return i
-        if (i.a, i.b) == (b, a) and i.ratio > 0 and i.low > 0 and i.high > 0:
-            return Interval(a=a, b=b, ratio=1.0 / i.ratio, low=1.0 / i.high, high=1.0 / i.low)
-    return None
-
-
-def _x(i: Interval) -> str:
-    return f"{i.ratio:.2f}x (95 % interval {i.low:.2f}–{i.high:.2f}x)"
-
-
-def verdict(
-    rows: Sequence[Row],
-    cpu_fallback: bool,
-    mode: str,
-    intervals: Sequence[Interval] = (),
-    busy: Sequence[str] = (),
-    diffs: Sequence[str] = (),
-    rounds: int = 1,
-) -> str:
-    """One honest line: the measurably fastest strategy and the figure that makes it so, or
-    "no measurable difference" with the interval; then what could have moved the figures."""
-    measured = [r for r in rows if r.samples_per_s is not None]
-    if not measured:
-        return "no verdict: no strategy produced a throughput figure (see the notes)"
-    best = max(measured, key=lambda r: r.samples_per_s or 0.0)
-    name = row_name(best)
-    scale = SCALE_WORDS.get(mode, mode)
-    others = [r for r in measured if r is not best]
-    ratios = {row_name(r): ratio_between(intervals, name, row_name(r)) for r in others}
-    tied = [k for k, i in ratios.items() if i is None or not i.above]
-    behind = {k: i for k, i in ratios.items() if i is not None and i.above}
-    if tied:
-        parts = []
-        for k in tied:
-            i = ratios[k]
-            parts.append(
-                f"{name} vs {k}: {_x(i)}" if i is not None else f"{name} vs {k}: no interval"
-            )
-        text = "no measurable difference: " + "; ".join(parts)
-        if behind:
-            text += "; measurably slower: " + ", ".join(
-                f"{k} ({1.0 / i.ratio:.2f}x {name})" for k, i in behind.items()
-            )
-        text += f" ({scale})"
-    elif best.strategy == "single":
-        text = f"best: {name} ({best.samples_per_s:.1f} samples/s)"
-        if others:
-            reached = []
-            for r in others:
-                i = ratio_between(intervals, row_name(r), name)
-                reached.append(
-                    f"{row_name(r)} on {r.devices} devices reached {_x(i) if i else '?'}"
-                )
-            worst = ", ".join(reached)
-            text += f": {worst} ({scale}), so more devices did not pay off"
-    elif best.speedup is None:  # no single-device row to measure a speedup against
-        faster = ", ".join(f"{_x(i)} {k}'s" for k, i in behind.items())
-        text = f"best: {name} ({best.samples_per_s:.1f} samples/s"
-        text += f"; {faster} throughput" if faster else ""
-        text += f"; no single-device baseline, so no speedup; {scale})"
-    else:
-        interval = (
-            f" (95 % interval {best.speedup_low:.2f}–{best.speedup_high:.2f}x)"
-            if best.speedup_low is not None and best.speedup_high is not None
-            else ""
-        )
-        text = (
-            f"best: {name} — {best.speedup:.2f}x single's throughput{interval} on "
-            f"{best.devices} devices ({best.efficiency_pct:.0f}% scaling efficiency, {scale})"
-        )
-        comm = best.ab_comm_pct if best.ab_comm_pct is not None else best.exposed_comm_pct
-        if comm is not None:
-            source = "sync A/B" if best.ab_comm_pct is not None else "exposed, from traces"
-            text += f"; communication costs {comm:.0f}% of a step ({source})"
-        if best.efficiency_pct is not None and best.efficiency_pct < 70.0:
-            text += "; efficiency below 70%: communication or input loading limits scaling"
-        if best.efficiency_pct is not None and best.efficiency_pct > SUPERLINEAR_PCT:
-            text += (
-                "; efficiency above 100%: the single-device row ran slower per device than "
-                "these ranks (see its notes), so treat the speedup with care"
-            )
-    if rounds < 2 and intervals:
-        text += "; one round per row: the interval holds step-to-step noise, not run-to-run drift"
-    if diffs:
-        text += "; the rows differ in more than the strategy: " + "; ".join(diffs)
-    if busy:
-        text += "; the machine was busy: " + "; ".join(busy) + " (rerun on a quiet machine)"
-    if cpu_fallback:
-        text += (
-            "; measured on CPU ranks over gloo sharing this machine's cores, which says "
-            "nothing about GPUs"
-        )
-    return text
-
-
 def analysis_rows(comp: Comparison) -> dict[str, Any]:
     """The table as ``analysis["comparison"]`` of each strategy's run.json, for the HTML report.
 
@@ -711,43 +606,3 @@ def read_comparison(path: str | Path) -> Comparison:
             "upgrade with 'pip install -U mgprof'"
         )
     return comp
-
-
-def state_mib(row: Row) -> float | None:
-    """Parameters + gradients + optimizer state per rank (None: not measured)."""
-    parts = (row.params_mib, row.grads_mib, row.optimizer_mib)
-    return None if any(p is None for p in parts) else sum(p or 0.0 for p in parts)
-
-
-def _mib(value: float) -> str:
-    return f"{value / 1024:.2f} GiB" if value >= 1024 else f"{value:.3g} MiB"
-
-
-def memory_tradeoff(rows: Sequence[Row], intervals: Sequence[Interval]) -> str | None:
-    """What each FSDP row buys against the DDP row: the model state it saves per rank, and
-    what that costs in throughput (with the interval), in one sentence; None without both."""
-    ddp = next((r for r in rows if r.strategy == "ddp" and r.precision is None), None)
-    if ddp is None or state_mib(ddp) is None:
-        return None
-    parts = []
-    for row in rows:
-        if row.strategy not in ("fsdp", "fsdp-noreshard") or row.precision is not None:
-            continue
-        mine, theirs = state_mib(row), state_mib(ddp)
-        if mine is None or theirs is None:
-            continue
-        text = (
-            f"{row.strategy} holds {_mib(mine)} of parameters, gradients and optimizer state "
-            f"per rank against ddp's {_mib(theirs)} ({_mib(theirs - mine)} less)"
-        )
-        cost = ratio_between(intervals, "ddp", row.strategy)
-        if cost is not None and cost.above:
-            text += f" for {_x(cost)} lower throughput than ddp"
-        elif cost is not None and cost.high < 1.0:
-            text += f" and is faster: ddp reached {_x(cost)} of its throughput"
-        elif cost is not None:
-            text += f" at no measurable throughput cost (ddp vs {row.strategy}: {_x(cost)})"
-        parts.append(text)
-    if not parts:
-        return None
-    return "memory: " + "; ".join(parts)

@@ -16,6 +16,7 @@ from mgprof.report.compare_view import (
     COLUMNS,
     MEMORY_COLUMNS,
     PRECISION_COLUMNS,
+    answer_lines,
     header_lines,
     memory_cells,
     note_lines,
@@ -189,20 +190,36 @@ def _run_links(comp: Comparison) -> list[str]:
     return out + [""] * len(comp.not_applicable)
 
 
+def _answer_html(comp: Comparison) -> str:
+    """The callout that opens the page: the answer's sentences, then its caveats as a list."""
+    lines = answer_lines(comp)
+    if not lines:
+        return ""
+    said = [
+        f"<p><strong>{label(name.capitalize())}:</strong> {prose(text)}</p>"
+        if name
+        else f"<p>{prose(text)}</p>"
+        for name, text in lines
+        if name != "caveat"
+    ]
+    caveats = [f"<li>{prose(text)}</li>" for name, text in lines if name == "caveat"]
+    if caveats:
+        said.append(f'<ul class="caveats">{"".join(caveats)}</ul>')
+    return f'<div class="callout verdict">{"".join(said)}</div>'
+
+
 def comparison_to_html(comp: Comparison) -> str:
     """The comparison as one offline page (``HtmlDependencyMissing`` without plotly)."""
     charts = comparison_charts(comp)
     body = [
-        lines_html(header_lines(comp)),
-        f'<p class="callout verdict"><strong>Verdict:</strong> {prose(comp.verdict)}</p>'
-        if comp.verdict
-        else "",
+        _answer_html(comp),
         section(
             "Strategies",
             table(COLUMNS, table_cells(comp), links=("run", _run_links(comp))),
             chart_div("chart-speedup", charts),
             chart_div("chart-peak-memory", charts),
         ),
+        lines_html(header_lines(comp)),
     ]
     memory = memory_cells(comp)
     if memory:

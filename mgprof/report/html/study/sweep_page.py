@@ -1,8 +1,8 @@
-"""report.html of ``mgprof sweep``: the answer (``sweep_view.facts``), throughput, peak memory and
-communication share against the batch size with the sweet spot (the hardware knee), B_simple
-(the gradient noise scale, at its per-device batch) and the recommended batch marked, the trials
-table (``sweep_view.rows``, as the terminal and Markdown show it) with links to each trial's run
-report, and the caveats.
+"""report.html of ``mgprof sweep``: the answer (``sweep_view.answer_facts``), throughput, peak
+memory and communication share against the batch size with the sweet spot (the hardware knee),
+B_simple (the gradient noise scale, at its per-device batch) and the recommended batch marked,
+the trials table (``sweep_view.rows``, as the terminal and Markdown show it) with links to each
+trial's run report, how it was measured (``sweep_view.context_facts``), and the caveats.
 
 The charts read the trials' own figures (``sweep.json``); the one conversion is B_simple, a
 global batch, placed at the per-device batch whose global batch it is (global = per device x
@@ -32,9 +32,10 @@ from mgprof.report.html.study.shell import (
 )
 from mgprof.report.html.text import esc, label
 from mgprof.report.sweep_view import (
+    answer_facts,
     caveats,
     columns,
-    facts,
+    context_facts,
     noise_scale_of,
     rows,
     table_notes,
@@ -329,7 +330,7 @@ def sweep_to_html(result: SweepResult) -> str:
     charts = sweep_charts(result)
     names = columns(result)
     body = [
-        section("Answer", facts_html(facts(result))),
+        section("Answer", facts_html(answer_facts(result))),
         section(
             "Against batch size",
             chart_div("chart-sweep-throughput", charts),
@@ -351,6 +352,7 @@ def sweep_to_html(result: SweepResult) -> str:
             ),
             lines_html(table_notes(result), "notes"),
         ),
+        section("How it was measured", facts_html(context_facts(result))),
     ]
     notes = caveats(result)
     if notes:
