@@ -258,3 +258,46 @@ def test_run_json_records_the_exit_code_mgprof_exits_with(
     _, run = the_run(tmp_path)
     assert run.status == "interrupted", run.error
     assert run.exit_code == code, (run.exit_code, run.error)
+
+
+def test_torchrun_killed_by_a_rank_is_said_as_such(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLs torchrun: the run's error was a line of torchrun's banner; it says
+    torchrun was killed, not by mgprof, and how its ranks ended."""
+    script = write_script(
+        tmp_path,
+        "parricide.py",
+        DDP_PREAMBLE
+        + """
+for i in range(100000):
+    step()
+    if i == 5 and rank == 1:
+        os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(0.01)
+""",
+    )
+    code, err, _ = finish(*analyze(tmp_path, script, "--gpus", "2", "--trace-steps", "0"))
+    assert code == 137, err[-3000:]
+    _, run = the_run(tmp_path)
+    error = run.error or ""
+    assert run.status == "incomplete" and run.exit_code == 137, error
+    assert error.startswith(
+        "torchrun, which runs the ranks, was killed by SIGKILL (exit code -9), not by mgprof"
+    ), error
+    assert "rank 0: exited with code 143" in error and "rank 1: exited with code 143" in error
+
+
+def test_an_unknown_rendezvous_backend_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    """It ran torchrun, which printed a 30-line traceback, exited 1 and left an incomplete run
+    folder; torchrun accepts c10d, static, etcd and etcd-v2 (and plugins' names)."""
+    script = write_script(tmp_path, "never.py", "raise SystemExit('must not run')\n")
+    result = subprocess.run(
+        python_args("-m", "mgprof", "analyze", script, "--gpus", "2", "--nnodes", "2",
+                    "--rdzv-endpoint", "127.0.0.1:29999", "--rdzv-backend", "bogus",
+                    "--out", "runs"),
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "--rdzv-backend 'bogus'" in lines[0] and "c10d, static, etcd, etcd-v2" in lines[0]
+    assert not (tmp_path / "runs").exists()

@@ -366,6 +366,15 @@ def _failure(
         if said_list:
             detail += f"; {said_list[0]}"
         return f"{head}: {detail}{hint if timeouts else ''}{stopped}"
+    if world_size > 1 and signal_name(code):
+        # torchrun itself ended by a signal it did not turn into a failure summary: not mgprof's
+        # stop (that is "interrupted"), and its last lines are its own banner, not the cause
+        ranks = "; ".join(f"rank {r}: {e.splitlines()[0]}" for r, e in sorted(errors.items()))
+        after = f"; then its ranks were stopped ({ranks})" if ranks else ""
+        return (
+            f"torchrun, which runs the ranks, was killed by {signal_name(code)} (exit code "
+            f"{code}), not by mgprof: no rank reported a failure of its own{after}{stopped}"
+        )
     if world_size == 1:  # one process: rank 0 is the script
         said, log = _rank_said(0, code, errors, run_dir)
         if said:

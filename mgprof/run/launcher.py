@@ -118,6 +118,22 @@ def _env_seconds(name: str, default: float) -> float:
     return value if 0 <= value < float("inf") else default
 
 
+RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+"""torchrun's own rendezvous backends (``torch.distributed.elastic.rendezvous.registry``)."""
+
+
+def rendezvous_backends() -> tuple[str, ...]:
+    """The backends torchrun accepts: its own, and those a package registers under the
+    ``torchrun.handlers`` entry point group (read without importing torch)."""
+    from importlib.metadata import entry_points
+
+    try:
+        extra = tuple(ep.name for ep in entry_points(group="torchrun.handlers"))
+    except Exception:  # a broken package's metadata: torchrun's own still apply
+        extra = ()
+    return RDZV_BACKENDS + tuple(name for name in extra if name not in RDZV_BACKENDS)
+
+
 @dataclass(kw_only=True)
 class LaunchConfig:
     """What to run and how; validated in ``__post_init__`` so bad flags fail before any run."""
@@ -190,6 +206,12 @@ class LaunchConfig:
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise UsageError(
                 "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)"
+            )
+        backends = rendezvous_backends()
+        if self.rdzv_backend not in backends:
+            raise UsageError(
+                f"--rdzv-backend {self.rdzv_backend!r} is not one torchrun knows; choose from "
+                f"{', '.join(backends)}"
             )
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise UsageError(f"--strategy must be one of {', '.join(STRATEGIES)}")
