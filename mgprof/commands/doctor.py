@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,10 @@ def parse_sizes(text: str) -> list[int]:
             continue
         try:
             sizes.append(parse_size(item))
-        except ValueError:
-            raise UsageError(f"--sizes: {item!r} is not a size; give e.g. 64K,1M,16M") from None
+        except ValueError as exc:
+            raise UsageError(
+                f"--sizes: {exc}; give e.g. 64K,1M,16M (nothing was measured)"
+            ) from None
     if not sizes:
         raise UsageError("--sizes is empty; give e.g. 64K,1M,16M")
     return sizes
@@ -92,26 +95,60 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bandwidth(args: argparse.Namespace) -> int:
-    from mgprof.errors import UsageError
-    from mgprof.report.safe_text import printable
     from mgprof.run.bandwidth_probe import run_probe
 
-    if args.gpus < 2:
-        raise UsageError("--bandwidth needs --gpus 2 or more: a collective needs peers")
-    if args.iters < 1:
-        raise UsageError(f"--iters must be at least 1, got {args.iters}")
+    sizes = parse_sizes(args.sizes)
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists():
-        raise UsageError(f"{printable(out)} exists; choose another --out (nothing was measured)")
-    result = run_probe(args.gpus, parse_sizes(args.sizes), iters=args.iters)
     if out is not None:
-        from mgprof.atomic import write_text_atomic
-
-        write_text_atomic(out, json.dumps(result, indent=1) + "\n")
+        _check_out(out)
+    result = run_probe(args.gpus, sizes, iters=args.iters)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         from mgprof.report.doctor_view import render_bandwidth
 
         render_bandwidth(result)
+    if out is not None:
+        _save(out, result)
     return 0
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` refused in one line before anything is measured: an existing file (a
+    baseline is never replaced), a folder, a folder that cannot be written."""
+    from mgprof.errors import UsageError
+    from mgprof.safe_read import check_out_path
+
+    if os.path.lexists(out) and not out.is_dir():
+        raise UsageError(f"{out} exists; choose another --out (nothing was measured)")
+    try:
+        check_out_path(out, force=False)
+    except UsageError as exc:
+        raise UsageError(f"{exc} (nothing was measured)") from None
+    folder = Path(os.path.abspath(out)).parent
+    if folder.is_dir():  # the folder's mode can say yes where the file system says no
+        import tempfile
+
+        try:
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".mgprof-bw-check-"):
+                pass
+        except OSError as exc:
+            raise UsageError(
+                f"--out {out}: cannot write into {folder} ({exc.strerror or exc}); choose "
+                "another --out (nothing was measured)"
+            ) from None
+
+
+def _save(out: Path, result: dict[str, Any]) -> None:
+    """The baseline, after the figures are shown: a write that fails now (a full disk) loses
+    the file, not what was measured."""
+    from mgprof.atomic import write_text_atomic
+    from mgprof.errors import UsageError
+
+    try:
+        write_text_atomic(out, json.dumps(result, indent=1) + "\n")
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write --out {out}: {exc.strerror or exc}; the figures above were "
+            "measured but not saved"
+        ) from None
