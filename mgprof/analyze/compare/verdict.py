@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from mgprof.analyze.compare.scaling import SUPERLINEAR_PCT, Row, row_name
 from mgprof.analyze.step_samples import Interval
@@ -162,18 +162,10 @@ def _busy_words(busy: Sequence[str]) -> str:
     return f"{len(busy)} rows ran while {' and '.join(load)}"
 
 
-def verdict(
-    rows: Sequence[Row],
-    cpu_fallback: bool,
-    mode: str,
-    intervals: Sequence[Interval] = (),
-    busy: Sequence[str] = (),
-    diffs: Sequence[str] = (),
-    rounds: int = 1,
-) -> str:
-    """``verdict_parts`` as one line: the answer, then its caveats (``comparison.json``'s
-    ``verdict``)."""
-    return verdict_parts(rows, cpu_fallback, mode, intervals, busy, diffs, rounds).line()
+def verdict(*args: Any, **kwargs: Any) -> str:
+    """``verdict_parts`` (same arguments) as one line: the answer, then its caveats
+    (``comparison.json``'s ``verdict``)."""
+    return verdict_parts(*args, **kwargs).line()
 
 
 def state_mib(row: Row) -> float | None:
