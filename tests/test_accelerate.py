@@ -13,6 +13,8 @@ Skipped when accelerate is not installed (``pip install -e ".[accelerate]"``).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,14 @@ def _run_json(run_dir: Path) -> dict[str, Any]:
     traces = sorted(p.name for p in (run_dir / "traces").iterdir())
     assert traces == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
     return data
+
+
+def test_the_helper_imports_no_accelerate() -> None:
+    code = (
+        "import sys, mgprof.integrations.accelerate; "
+        "assert 'accelerate' not in sys.modules, 'accelerate imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=clean_env(), timeout=120)
 
 
 def test_profile_refuses_what_is_not_an_accelerator() -> None:

@@ -11,9 +11,9 @@ every iteration is an update.
 
 accelerate itself is not imported here: the accelerator is read (``sync_gradients``), never
 changed. Options are ``mgprof.profile``'s (``profile(accelerator, out="runs", active=3)``);
-rank 0 writes the run directory and the report, the other ranks send it their records over the
-accelerator's process group. ``accelerator.end_training()`` may come before or after the block:
-the session sends its record before the group is destroyed either way.
+rank 0 writes the run directory and the report when the block ends, the other ranks send it their
+records over the accelerator's process group (so ``accelerator.end_training()``, which destroys
+it, comes after the block).
 """
 
 from __future__ import annotations
