@@ -114,6 +114,21 @@ def test_sigterm_to_doctor_bandwidth_leaves_no_process_and_no_folder(tmp_path: P
     assert list(tmp.iterdir()) == []
 
 
+def test_a_probe_that_fails_says_why_in_one_line(tmp_path: Path) -> None:
+    """Both ranks fail in gloo's set-up (no such interface): the line is their error, not the
+    last line of torchrun's report (a rule of '='), and the temporary folder is gone."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = clean_env(TMPDIR=str(tmp), GLOO_SOCKET_IFNAME="nosuch0")
+    result = mgprof("doctor", "--bandwidth", "--sizes", "64K", "--iters", "1", cwd=tmp_path,
+                    env=env)  # fmt: skip
+    line = one_line(result.stderr)
+    assert result.returncode == 2, result.stderr
+    assert line.startswith("mgprof doctor: error: the bandwidth probe failed: RuntimeError: ")
+    assert "nosuch0" in line and "===" not in line
+    assert list(tmp.iterdir()) == []
+
+
 def _drop_dac() -> None:
     """In the child: lose CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (prctl PR_CAPBSET_DROP),
     so that a folder's mode applies to root as well."""
