@@ -3,12 +3,16 @@ and never replace what the user has.
 
 ``mgprof doctor --bandwidth`` runs real torchrun + gloo CPU ranks: a SIGTERM leaves none of its
 processes and no temporary folder, and every socket they listen on is on loopback.
+``mgprof timeline RUN`` replaces the timeline mgprof analyze wrote only with ``--force``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gzip
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+from _data import TRACES
 from _spawn import clean_env, python_args
 
 from mgprof.cli import main
@@ -229,3 +234,40 @@ def test_cpu_ranks_whose_buffers_exceed_memory_are_refused() -> None:
     check_request(2, [1024], 10, device_count=0)  # small: allowed
     with pytest.raises(UsageError, match="only 1 CUDA device"):
         check_request(2, [1024], 10, device_count=1)
+
+
+# ---------------------------------------------------------------- timeline
+
+
+def _run_with_timeline(tmp_path: Path) -> Path:
+    """A run directory of a real 2-rank gloo job's traces, whose timeline.json.gz is made."""
+    run = tmp_path / "run"
+    shutil.copytree(TRACES / "cpu-gloo-ddp-mlp-2ranks", run / "traces")
+    (run / "run.json").write_text("{}")
+    result = mgprof("timeline", str(run), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+@pytest.mark.parametrize("extra", [[], ["--steps", "3:4"], ["--min-dur", "5"]])
+def test_timeline_keeps_the_run_timeline_without_force(tmp_path: Path, extra: list[str]) -> None:
+    """mgprof analyze wrote RUN/timeline.json.gz: making it again, whole or cut to some steps,
+    is refused in one line naming --force, and the file is left as it was."""
+    run = _run_with_timeline(tmp_path)
+    made = (run / "timeline.json.gz").read_bytes()
+    result = mgprof("timeline", str(run), *extra, cwd=tmp_path)
+    line = one_line(result.stderr)
+    assert result.returncode == 2 and line.startswith("mgprof timeline: error: "), line
+    assert "timeline.json.gz exists" in line and "--force" in line
+    assert result.stdout == ""
+    assert (run / "timeline.json.gz").read_bytes() == made
+    assert sorted(p.name for p in run.iterdir()) == ["run.json", "timeline.json.gz", "traces"]
+
+
+def test_timeline_force_replaces_the_run_timeline(tmp_path: Path) -> None:
+    run = _run_with_timeline(tmp_path)
+    result = mgprof("timeline", str(run), "--steps", "3:4", "--force", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {run / 'timeline.json.gz'}" in result.stdout
+    with gzip.open(run / "timeline.json.gz") as f:
+        assert json.load(f)["otherData"]["steps"] == "3:4"

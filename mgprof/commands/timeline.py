@@ -11,7 +11,9 @@ from mgprof.errors import UsageError
 
 EPILOG = """\
 examples:
-  mgprof timeline mgprof-runs/RUN    every rank on one clock: RUN/timeline.json.gz
+  mgprof timeline mgprof-runs/RUN --force
+                                     every rank on one clock: RUN/timeline.json.gz, made
+                                     again (mgprof analyze wrote one; --force replaces it)
   mgprof timeline mgprof-runs/RUN --steps 3:4 --out steps.json.gz
                                      only ProfilerStep#3 and #4, in a file of its own"""
 
@@ -53,9 +55,14 @@ def register(subparsers: Any) -> None:
         "--out",
         metavar="FILE",
         help="output .json or .json.gz (default: RUN/timeline.json.gz for a run directory, "
-        "which mgprof analyze already wrote and this replaces; ./timeline.json.gz otherwise)",
+        "./timeline.json.gz otherwise)",
     )
-    p.add_argument("--force", action="store_true", help="let --out replace an existing file")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output file, RUN/timeline.json.gz (which mgprof analyze "
+        "writes) included",
+    )
     add_max_trace_size(p)
     p.set_defaults(func=run)
 
@@ -74,11 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
     steps = parse_steps(args.steps) if args.steps is not None else None
     check_min_dur(args.min_dur)
-    out, derived = choose_out(args.paths, args.out)
-    force = args.force or derived
-    check_out_path(out, force=force)
+    # RUN/timeline.json.gz is no less the user's than any other file: a --steps or --min-dur
+    # timeline made over it would lose the whole one mgprof analyze wrote, so --force it is
+    out, _ = choose_out(args.paths, args.out)
+    check_out_path(out, force=args.force)
     inputs = find_inputs(args.paths)
-    check_out_path(out, force=force, inputs=[*inputs.files, *args.paths])
+    check_out_path(out, force=args.force, inputs=[*inputs.files, *args.paths])
     with trace_size_override(getattr(args, "max_trace_size", None)):
         try:
             result = build_timeline(inputs, out, steps=steps, min_dur_us=args.min_dur)
