@@ -366,9 +366,10 @@ def _failure(
         if said_list:
             detail += f"; {said_list[0]}"
         return f"{head}: {detail}{hint if timeouts else ''}{stopped}"
-    if world_size > 1 and signal_name(code):
-        # torchrun itself ended by a signal it did not turn into a failure summary: not mgprof's
-        # stop (that is "interrupted"), and its last lines are its own banner, not the cause
+    if world_size > 1 and signal_name(code) and (errors or not last_meaningful(stderr_tail)):
+        # torchrun itself ended by a signal it did not turn into a failure summary, and the
+        # ranks say how they ended (or nothing else does): not mgprof's stop (that is
+        # "interrupted"), and torchrun's last lines would be its own banner, not the cause
         ranks = "; ".join(f"rank {r}: {e.splitlines()[0]}" for r, e in sorted(errors.items()))
         after = f"; then its ranks were stopped ({ranks})" if ranks else ""
         return (
