@@ -58,6 +58,32 @@ def _check_run(run_dir: Path, world_size: int, batch: int) -> list[dict[str, Any
     return ranks
 
 
+def test_callbacks_take_the_launchers_schedule_unless_given_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mgprof.integrations._common import launcher_schedule
+
+    assert launcher_schedule({"quiet": True}) == {"quiet": True}  # no launcher: the defaults
+    monkeypatch.setenv("MGPROF_WARMUP", "2")
+    monkeypatch.setenv("MGPROF_ACTIVE", "1")
+    assert launcher_schedule({"quiet": True}) == {
+        "quiet": True, "skip": 1, "warmup": 1, "active": 1,
+    }  # fmt: skip
+    assert launcher_schedule({"active": 5}) == {"active": 5}  # the callback's own wins
+    monkeypatch.setenv("MGPROF_WARMUP", "0")
+    monkeypatch.setenv("MGPROF_ACTIVE", "three")  # not a count: left to the session's default
+    assert launcher_schedule({}) == {"skip": 0, "warmup": 0}
+
+
+def test_a_clean_exit_is_no_error() -> None:
+    from mgprof.integrations._common import exception_error
+
+    assert exception_error(SystemExit(0)) is None  # how compare and sweep stop a script
+    assert exception_error(SystemExit()) is None
+    assert exception_error(SystemExit(3)) == "exited with code 3"
+    assert exception_error(ValueError("bad")) == "ValueError: bad"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["hf", "lightning"])
 def test_compare_single_and_ddp_on_a_framework_script(tmp_path: Path, framework: str) -> None:
