@@ -61,10 +61,52 @@ def start(target: str, parent: int) -> NoReturn:
             torchrun_main()
         except SignalException as exc:  # mgprof stopped the run; its workers are stopped
             sys.exit(128 + int(exc.sigval))
+        except Exception as exc:
+            torchrun_failed(exc)
         sys.exit(0)
     from mgprof.run.bootstrap import main as bootstrap_main
 
     sys.exit(bootstrap_main(sys.argv[1:]))  # sys.argv[0] is "-c"
+
+
+TORCHRUN_LOG = "torchrun.log"
+"""torchrun's own traceback and failure summary, in the run's ``logs`` folder."""
+
+
+def torchrun_failed(exc: BaseException) -> NoReturn:
+    """torchrun raised (``ChildFailedError`` when a rank failed, anything else when it could
+    not start them): its traceback goes into ``logs/torchrun.log``, where the launcher reads the
+    failure summary, instead of under mgprof's own last line on the terminal. A failure of its
+    own gets one line on stderr (the run's error quotes it). Exit 1, as torchrun would; where the
+    log cannot be written, the traceback is printed as before (fail open)."""
+    import traceback
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    kept = _keep_in_log(text)
+    if not kept:
+        sys.stderr.write(text)
+    if not isinstance(exc, ChildFailedError):
+        first = (str(exc).strip().splitlines() or [""])[0]
+        where = f" (traceback in logs/{TORCHRUN_LOG})" if kept else ""
+        print(f"torchrun failed: {type(exc).__name__}: {first}{where}", file=sys.stderr)
+    sys.stderr.flush()
+    sys.exit(1)
+
+
+def _keep_in_log(text: str) -> bool:
+    run_dir = os.environ.get("MGPROF_RUN_DIR")
+    if not run_dir:
+        return False
+    try:
+        folder = Path(run_dir) / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / TORCHRUN_LOG, "a", encoding="utf-8") as fh:
+            fh.write(text)
+        return True
+    except OSError:
+        return False
 
 
 def loopback_store() -> None:

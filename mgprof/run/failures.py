@@ -163,6 +163,22 @@ def stack_site(text: str) -> str | None:
     return f"in {torch_fn} at {where}" if torch_fn else f"at {where}"
 
 
+TORCHRUN_LOG_TAIL = 256 * 1024
+
+
+def torchrun_log_lines(run_dir: Path) -> list[str]:
+    """torchrun's failure-summary lines from ``logs/torchrun.log`` (``mgprof.run.entry`` keeps
+    its traceback there, off the terminal), from the last ``TORCHRUN_LOG_TAIL`` bytes."""
+    try:
+        with open(run_dir / "logs" / "torchrun.log", "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - TORCHRUN_LOG_TAIL))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if is_torchrun_line(line)]
+
+
 def stack_sites(run_dir: Path) -> dict[int, str]:
     """rank -> where its main thread was when stopped, for the ranks that left a stack."""
     found: dict[int, str] = {}

@@ -30,7 +30,7 @@ from mgprof.collect.session.progress import PROGRESS_ENV, read_progress
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
 from mgprof.run import entry
-from mgprof.run.failures import shell_code
+from mgprof.run.failures import shell_code, torchrun_log_lines
 from mgprof.run.process_tree import (
     ProcessTree,
     Stopped,
@@ -533,7 +533,7 @@ def launch(
         code,
         ran.err_tail.lines,
         how,
-        ran.err_tail.torchrun,
+        [*ran.err_tail.torchrun, *torchrun_log_lines(run_dir)],
         straggler=ran.stragglers.note() if ran.stragglers is not None else None,
         lost=ran.err_tail.lost,
         steps_seen=ran.steps_seen,
