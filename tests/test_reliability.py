@@ -344,6 +344,9 @@ LAUNCH_CASES = {
     "missing-script": (["{tmp}/missing.py"], "not found"),
     "script-is-folder": (["{tmp}"], "not a file"),
     "gpus-not-a-number": (["{script}", "--gpus", "two"], "--gpus"),
+    # every count has a ceiling, checked before anything starts
+    "steps-huge": (["{script}", "--steps", "99999999999999999999"], "10,000,000"),
+    "warmup-huge": (["{script}", "--warmup", "99999999999999999999"], "10,000,000"),
 }
 EXTRA_CASES = {
     "analyze": {
@@ -355,13 +358,19 @@ EXTRA_CASES = {
         # out of c10d's range: auto-wrap failed on every rank and the ranks trained unsynchronised
         "collective-timeout-huge": (["{script}", "--collective-timeout", "1e308"], "7 days"),
         "collective-timeout-tiny": (["{script}", "--collective-timeout", "1e-300"], "between 1"),
+        "trace-steps-huge": (["{script}", "--trace-steps", "99999999999999999999"], "at most"),
     },
     "sweep": {
+        "range-huge": (["{script}", "--range", "8:99999999999999999999"], "at most"),
+        "batch-sizes-huge": (["{script}", "--batch-sizes", "8,99999999999999999999"], "1 to"),
+        "budget-huge": (["{script}", "--memory-budget-mib", "99999999999999999999"], "1 PiB"),
         "range-backwards": (["{script}", "--range", "64:8"], "backwards"),
         "range-garbage": (["{script}", "--range", "big"], "--range"),
         "batch-sizes-0": (["{script}", "--batch-sizes", "0,8"], "--batch-sizes"),
     },
     "compare": {
+        "batch-size-huge": (["{script}", "--batch-size", "99999999999999999999"], "1 to"),
+        "nosync-huge": (["{script}", "--nosync-steps", "99999999999999999999"], "0 to"),
         "strategies-unknown": (["{script}", "--strategies", "tpu"], ""),
         # comparison.py says "not found" for a folder (reported); one line, exit 2 all the same
         "script-is-folder": (["{tmp}"], "{tmp}"),

@@ -99,6 +99,17 @@ COLLECTIVE_TIMEOUT_ENV = "MGPROF_COLLECTIVE_TIMEOUT_S"
 ``init_process_group`` timeout), so a rank stuck in a collective ends the run instead of hanging."""
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 MIN_COLLECTIVE_TIMEOUT_S = 1.0
+MAX_STEPS = 10_000_000
+"""--steps and --warmup at most: far beyond any profiling run, and a bound, so no count a user
+types reaches a C integer or a schedule unchecked."""
+MAX_TRACE_STEPS = 1000
+
+
+def _at_most(flag: str, value: int | None, high: int, what: str) -> None:
+    if value is not None and value > high:
+        raise UsageError(f"{flag} must be at most {high:,} {what}, got {value}")
+
+
 MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
 LOOPBACK_IFNAME = "lo"
 MAX_RANKS = 65536
@@ -199,6 +210,16 @@ class LaunchConfig:
             raise UsageError(f"--warmup must be 0 or more, got {self.warmup}")
         if self.active < 0:
             raise UsageError(f"--trace-steps must be 0 (no trace) or more, got {self.active}")
+        _at_most("--max-cpu-ranks", self.max_cpu_ranks, MAX_RANKS, "ranks")
+        _at_most("--steps", self.steps, MAX_STEPS, "optimizer steps")
+        _at_most("--warmup", self.warmup, MAX_STEPS, "optimizer steps")
+        _at_most(
+            "--trace-steps",
+            self.active,
+            MAX_TRACE_STEPS,
+            "traced steps (a trace grows "
+            "with every step; trace a few and let the rest run untraced)",
+        )
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             raise UsageError(
                 f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1} (--nnodes)"
@@ -412,7 +433,10 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
 
 
 def single_rank_env() -> dict[str, str]:
-    """torchrun's environment for one process: rank 0 of 1 on a free local port."""
+    """torchrun's environment for one process: rank 0 of 1 on a free local port, with the run
+    id torchrun sets (Lightning reads it to know a launcher made the world: without it, a script
+    asking for ``devices=2`` waited for a second rank until the group timed out; with it, it
+    fails at once saying the world size is 1)."""
     import socket
 
     with socket.socket() as sock:
@@ -426,6 +450,7 @@ def single_rank_env() -> dict[str, str]:
         "GROUP_RANK": "0",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": f"mgprof-single-{port}",
     }
 
 

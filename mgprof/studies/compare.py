@@ -44,11 +44,12 @@ from mgprof.analyze.compare.scaling import (
     trial_batches,
 )
 from mgprof.analyze.compare.verdict import memory_tradeoff, verdict_parts
+from mgprof.analyze.sweep.planner import MAX_BATCH
 from mgprof.atomic import write_bytes_atomic
 from mgprof.errors import UsageError
 from mgprof.records import RunRecord
 from mgprof.report.html.study.compare_page import write_comparison_html
-from mgprof.run.launcher import SHARDED, STRATEGIES, one_process_per_rank
+from mgprof.run.launcher import MAX_STEPS, SHARDED, STRATEGIES, one_process_per_rank
 from mgprof.run.machine_load import LoadMeter, MachineLoad
 
 DEFAULT_STEPS = 10
@@ -115,14 +116,16 @@ def _validate(
         raise UsageError(f"--rounds must be between 1 and {MAX_ROUNDS}, got {rounds}")
     if gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {gpus}")
-    if steps < 1:
-        raise UsageError(f"--steps must be at least 1, got {steps}")
-    if warmup < 0:
-        raise UsageError(f"--warmup must be 0 or more, got {warmup}")
-    if nosync_steps < 0:
-        raise UsageError(f"--nosync-steps must be 0 or more, got {nosync_steps}")
-    if batch_size is not None and batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise UsageError(f"--steps must be from 1 to {MAX_STEPS:,}, got {steps}")
+    if not 0 <= warmup <= MAX_STEPS:
+        raise UsageError(f"--warmup must be from 0 to {MAX_STEPS:,}, got {warmup}")
+    if not 0 <= nosync_steps <= MAX_NOSYNC_STEPS:
+        raise UsageError(
+            f"--nosync-steps must be from 0 to {MAX_NOSYNC_STEPS:,}, got {nosync_steps}"
+        )
+    if batch_size is not None and not 1 <= batch_size <= MAX_BATCH:
+        raise UsageError(f"--batch-size must be from 1 to {MAX_BATCH:,}, got {batch_size}")
     if global_batch and batch_size is None:
         raise UsageError("--global-batch needs --batch-size B (the global batch to keep fixed)")
 
@@ -320,6 +323,9 @@ def compare(
     _link_runs(comp_dir, comp)
     return comp
 
+
+MAX_NOSYNC_STEPS = 10_000
+"""Steps of the sync A/B at most: each side's median settles within tens of steps."""
 
 THREADS_ENV = "OMP_NUM_THREADS"
 

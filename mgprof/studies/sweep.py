@@ -38,6 +38,7 @@ from mgprof.analyze.run.noise_scale import (
     sweep_noise_scale,
 )
 from mgprof.analyze.step_samples import run_steps
+from mgprof.analyze.sweep.planner import MAX_BATCH
 from mgprof.analyze.sweep.result import (
     BATCH_NOT_APPLIED,
     DEFAULT_MARGIN,
@@ -69,6 +70,9 @@ CPU_MEMORY_DEFINITION = (
 CUDA_MEMORY_DEFINITION = "peak memory reserved by PyTorch's CUDA caching allocator on the rank"
 
 TrialCallback = Callable[[Trial], None]
+
+MAX_BUDGET_MIB = 1 << 30
+"""--memory-budget-mib at most: 1 PiB, the bound every size mgprof reads has."""
 
 
 @dataclass(kw_only=True)
@@ -103,13 +107,19 @@ class SweepConfig:
             check_sweep_args(self.lo, self.hi, self.batch_sizes, self.margin, self.resolution)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        if self.memory_budget_mib is not None and self.memory_budget_mib < 1:
+        budget = self.memory_budget_mib
+        if budget is not None and not 1 <= budget <= MAX_BUDGET_MIB:
             raise UsageError(
-                f"--memory-budget-mib must be at least 1, got {self.memory_budget_mib}"
+                f"--memory-budget-mib must be from 1 to {MAX_BUDGET_MIB:,} (1 PiB), got {budget}"
             )
         if self.global_batch is not None:
-            if self.global_batch < 1:
-                raise UsageError(f"--global-batch must be at least 1, got {self.global_batch}")
+            from mgprof.run.launcher import MAX_RANKS  # the launcher loads on use
+
+            if not 1 <= self.global_batch <= MAX_BATCH * MAX_RANKS:
+                raise UsageError(
+                    f"--global-batch must be from 1 to {MAX_BATCH * MAX_RANKS:,}, "
+                    f"got {self.global_batch}"
+                )
             smallest = min(self.batch_sizes) if self.batch_sizes else self.lo
             if smallest * self.gpus > self.global_batch:
                 raise UsageError(

@@ -219,6 +219,12 @@ class SweepPlanner:
         return None
 
 
+MAX_BATCH = 2**31 - 1
+"""The largest per-device batch a sweep or compare takes: a batch dimension past a signed
+32-bit index holds no real training step, and a bound keeps a typed 10**20 out of the
+launches."""
+
+
 def check_sweep_args(
     lo: int,
     hi: int,
@@ -230,11 +236,13 @@ def check_sweep_args(
     if batch_sizes is not None:
         if not batch_sizes:
             raise ValueError("batch sizes must not be empty")
-        bad = [b for b in batch_sizes if b < 1]
+        bad = [b for b in batch_sizes if not 1 <= b <= MAX_BATCH]
         if bad:
-            raise ValueError(f"batch sizes must be at least 1, got {bad[0]}")
+            raise ValueError(f"batch sizes must be from 1 to {MAX_BATCH:,}, got {bad[0]}")
     elif lo < 1 or hi < lo:
         raise ValueError(f"batch range must satisfy 1 <= LO <= HI, got {lo}:{hi}")
+    elif hi > MAX_BATCH:
+        raise ValueError(f"batch range must end at {MAX_BATCH:,} at most, got {lo}:{hi}")
     if not 0.0 <= margin < 1.0:
         raise ValueError(f"margin must be within [0, 1), got {margin}")
     if not 0.0 < resolution <= 1.0:
