@@ -191,3 +191,20 @@ class Profiled:
         session = self.session
         if session is not None:
             session.failopen.report(part, exc)
+
+
+class HoldsProfiled:
+    """What every integration shows of its session: the session while it runs and the run
+    directory it wrote (``_profiled`` is the integration's ``Profiled``)."""
+
+    _profiled: Profiled
+
+    @property
+    def session(self) -> Any:
+        """The mgprof session while training runs (None before and after)."""
+        return self._profiled.session
+
+    @property
+    def run_dir(self) -> Any:
+        """The run directory rank 0 wrote (None on the other ranks and before the end)."""
+        return self._profiled.run_dir

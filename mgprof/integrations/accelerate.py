@@ -21,7 +21,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from mgprof.integrations._common import Profiled, exception_error, leading_dim
+from mgprof.integrations._common import HoldsProfiled, Profiled, exception_error, leading_dim
 
 __all__ = ["AcceleratedProfile", "profile"]
 
@@ -32,7 +32,7 @@ def profile(accelerator: Any, **profile_options: Any) -> AcceleratedProfile:
     return AcceleratedProfile(accelerator, **profile_options)
 
 
-class AcceleratedProfile:
+class AcceleratedProfile(HoldsProfiled):
     """One rank's session over an accelerate loop; steps at the iterations that updated."""
 
     def __init__(self, accelerator: Any, **profile_options: Any) -> None:
@@ -45,16 +45,6 @@ class AcceleratedProfile:
         self._profiled = Profiled(profile_options)
         self._samples = 0
         self._first_batch: Any = None
-
-    @property
-    def session(self) -> Any:
-        """The mgprof session while the block runs (None before and after)."""
-        return self._profiled.session
-
-    @property
-    def run_dir(self) -> Any:
-        """The run directory rank 0 wrote (None on the other ranks and before the end)."""
-        return self._profiled.run_dir
 
     def __enter__(self) -> AcceleratedProfile:
         self.start()

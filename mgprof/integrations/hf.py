@@ -19,12 +19,12 @@ from typing import Any
 
 from transformers import TrainerCallback  # type: ignore[import-not-found,unused-ignore]
 
-from mgprof.integrations._common import Profiled, leading_dim
+from mgprof.integrations._common import HoldsProfiled, Profiled, leading_dim
 
 __all__ = ["MgprofCallback"]
 
 
-class MgprofCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
+class MgprofCallback(HoldsProfiled, TrainerCallback):  # type: ignore[misc,unused-ignore]
     """Profile a ``transformers.Trainer`` run with mgprof. Takes ``mgprof.profile``'s options."""
 
     def __init__(self, **profile_options: Any) -> None:
@@ -32,16 +32,6 @@ class MgprofCallback(TrainerCallback):  # type: ignore[misc,unused-ignore]
         self._hooks: list[Any] = []
         self._samples = 0
         self._first_inputs: Any = None
-
-    @property
-    def session(self) -> Any:
-        """The mgprof session while training runs (None before and after)."""
-        return self._profiled.session
-
-    @property
-    def run_dir(self) -> Any:
-        """The run directory rank 0 wrote (None on the other ranks and before the end)."""
-        return self._profiled.run_dir
 
     # -- the training's lifetime -----------------------------------------------------------
 

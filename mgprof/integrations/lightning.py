@@ -20,12 +20,12 @@ from typing import Any
 
 from lightning.pytorch import Callback  # type: ignore[import-not-found,unused-ignore]
 
-from mgprof.integrations._common import Profiled, exception_error, leading_dim
+from mgprof.integrations._common import HoldsProfiled, Profiled, exception_error, leading_dim
 
 __all__ = ["MgprofCallback"]
 
 
-class MgprofCallback(Callback):  # type: ignore[misc,unused-ignore]
+class MgprofCallback(HoldsProfiled, Callback):  # type: ignore[misc,unused-ignore]
     """Profile a ``lightning.pytorch.Trainer`` run with mgprof. Takes ``mgprof.profile``'s
     options."""
 
@@ -34,16 +34,6 @@ class MgprofCallback(Callback):  # type: ignore[misc,unused-ignore]
         self._profiled = Profiled(profile_options)
         self._samples = 0
         self._last_step: int | None = None
-
-    @property
-    def session(self) -> Any:
-        """The mgprof session while training runs (None before and after)."""
-        return self._profiled.session
-
-    @property
-    def run_dir(self) -> Any:
-        """The run directory rank 0 wrote (None on the other ranks and before the end)."""
-        return self._profiled.run_dir
 
     # -- the training's lifetime -----------------------------------------------------------
 
