@@ -271,3 +271,154 @@ def test_timeline_force_replaces_the_run_timeline(tmp_path: Path) -> None:
     assert f"wrote {run / 'timeline.json.gz'}" in result.stdout
     with gzip.open(run / "timeline.json.gz") as f:
         assert json.load(f)["otherData"]["steps"] == "3:4"
+
+
+# ---------------------------------------------------------------- trace --dask
+
+
+def _job(folder: Path, copies: int) -> Path:
+    """A job of ``copies`` ranks, each a real NCCL rank's trace (about 0.1 s to analyse)."""
+    folder.mkdir()
+    src = TRACES / "gpu-nccl-a100-rank0of2" / "rank-0.json.gz"
+    for rank in range(copies):
+        shutil.copyfile(src, folder / f"rank-{rank}.json.gz")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("not an address", "is not an address"),
+        ("foo://x:1", "unknown scheme 'foo'"),
+        ("tcp://127.0.0.1:99999", "port 99999 is outside 1..65535"),
+        ("tcp://:8786", "names no host"),
+    ],
+)
+def test_a_bad_dask_address_is_one_line_at_once(tmp_path: Path, address: str, says: str) -> None:
+    """distributed's Client took such an address, failed, and its __del__ then held the exit
+    for 60 s before a TimeoutError traceback: now one line and nothing after it."""
+    job = _job(tmp_path / "job", 1)
+    start = time.monotonic()
+    result = mgprof("trace", "--dask", address, "--no-cache", str(job), cwd=tmp_path)
+    took = time.monotonic() - start
+    line = one_line(result.stderr)
+    assert result.returncode == 2 and line.startswith("mgprof trace: error: the Dask scheduler ")
+    assert says in line and "tcp://HOST:PORT" in line
+    assert took < 30, f"{took:.0f} s"  # the half-made client's wait alone was 60 s
+
+
+def test_distributed_logging_is_left_as_it_was() -> None:
+    """The executor moves distributed's handlers aside only while it holds a client."""
+    import logging
+
+    import distributed  # noqa: F401 - sets up its handlers
+
+    from mgprof.analyze.execution.dask_client import LOGGERS
+    from mgprof.analyze.execution.executor import DaskExecutor
+    from mgprof.errors import UsageError
+
+    def state() -> dict[str, tuple[list[logging.Handler], bool]]:
+        return {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate)
+                for n in LOGGERS}  # fmt: skip
+
+    before = state()
+    ex = DaskExecutor("tcp://:1")
+    with pytest.raises(UsageError, match="names no host"):
+        ex.map_unordered(abs, [(1,)], lambda i, r: None)
+    ex.close()
+    assert state() == before
+
+
+class _Logged:
+    """A process whose stderr is read line by line in a thread, so the test can wait for a
+    line with a deadline."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        import queue
+        import threading
+
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.proc = subprocess.Popen(
+            args, cwd=cwd, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            self.lines.put(line)
+
+    def wait_for(self, text: str) -> str:
+        import queue
+
+        deadline = time.monotonic() + BOUND_S
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                assert self.proc.poll() is None, f"exited with {self.proc.returncode}"
+                continue
+            if text in line:
+                return line
+        pytest.fail(f"no line with {text!r} in {BOUND_S} s")
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def test_a_scheduler_killed_mid_job_leaves_mgprofs_line_alone(tmp_path: Path) -> None:
+    """A real scheduler and worker; the scheduler gets SIGTERM half a second after mgprof's
+    client connects. The job ends with the ranks it has (the others marked as lost to the
+    scheduler), and stderr holds mgprof's lines only: none of distributed's log (37 lines of
+    it, tracebacks included, before), no traceback."""
+    job = _job(tmp_path / "job", 24)
+    scheduler = _Logged(
+        python_args("-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+                    "--no-dashboard"),
+        tmp_path,
+    )  # fmt: skip
+    worker = None
+    trace = None
+    try:
+        address = scheduler.wait_for("Scheduler at:").split()[-1]
+        worker = _Logged(
+            python_args("-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                        "--no-nanny", "--no-dashboard"),
+            tmp_path,
+        )  # fmt: skip
+        scheduler.wait_for("Register worker")
+        trace = subprocess.Popen(
+            python_args("-m", "mgprof", "trace", "--dask", address, "--no-cache", "--json",
+                        str(job)),
+            cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        scheduler.wait_for("Receive client connection")
+        time.sleep(0.5)
+        scheduler.proc.send_signal(signal.SIGTERM)
+        out, err = trace.communicate(timeout=BOUND_S)
+    finally:
+        for proc in (trace, worker, scheduler):
+            if isinstance(proc, _Logged):
+                proc.end()
+            elif proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert all(ln.startswith("mgprof trace: ") for ln in lines), err
+    lost = "went away before this file's result came back"
+    if trace.returncode == 2:  # not one rank back before the scheduler went
+        assert len(lines) == 1 and "none of the 24 trace files could be read" in lines[0]
+        assert lost in lines[0]
+        return
+    assert trace.returncode == 0, err
+    (found,) = json.loads(out)["jobs"]
+    assert 0 < len(found["ranks"]) < 24
+    skipped = found["not_applicable"]["skipped_files"]
+    assert skipped.count(lost) == 24 - len(found["ranks"])

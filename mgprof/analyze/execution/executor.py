@@ -18,11 +18,10 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
-
-from mgprof.errors import UsageError
 
 __all__ = [
     "DASK_ENV",
@@ -166,7 +165,10 @@ class DaskExecutor(_Closing):
     Dask retries a task whose worker died on another worker and gives up after
     ``distributed.scheduler.allowed-failures`` deaths (``KilledWorker``): that task is lost.
     When no task finishes for ``stall_timeout_s`` (every worker gone, a scheduler that stopped
-    answering, a file on a hung mount), the unfinished tasks are lost and cancelled.
+    answering, a file on a hung mount), the unfinished tasks are lost and cancelled; when the
+    scheduler goes away, so are the tasks whose results had not come back. While the client is
+    open, distributed's own log is kept in ``log_lines`` instead of the terminal
+    (``dask_client``).
     """
 
     def __init__(
@@ -177,23 +179,26 @@ class DaskExecutor(_Closing):
         self.connect_timeout_s = connect_timeout_s
         self.description = f"Dask at {address}"
         self._client: Any = None
+        self._kept: Any = None
+        self._quiet = ExitStack()
+
+    @property
+    def log_lines(self) -> list[str]:
+        """distributed's log while this executor held its client, one line a record."""
+        return list(self._kept.lines) if self._kept is not None else []
 
     def _connect(self) -> Any:
         if self._client is not None:
             return self._client
+        from mgprof.analyze.execution.dask_client import KeptLog, connect, kept_off_the_terminal
+
+        self._kept = KeptLog()
+        self._quiet.enter_context(kept_off_the_terminal(self._kept))
         try:
-            from distributed import Client
-        except ImportError:
-            raise UsageError("the Dask executor needs Dask: pip install 'mgprof[dask]'") from None
-        try:
-            self._client = Client(
-                self.address, timeout=self.connect_timeout_s, set_as_default=False
-            )
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise UsageError(
-                f"cannot reach the Dask scheduler at {self.address} ({exc}); check the address "
-                f"(e.g. tcp://host:8786) and that the scheduler is running"
-            ) from None
+            self._client = connect(self.address, self.connect_timeout_s)
+        except BaseException:
+            self._quiet.close()
+            raise
         return self._client
 
     def map_unordered(
@@ -224,11 +229,11 @@ class DaskExecutor(_Closing):
                 if item is None:
                     continue
                 last = time.monotonic()
-                on_done(item[0], _outcome(future))
+                on_done(item[0], _outcome(future, self.address))
                 del item, future  # drop the result on the cluster as soon as it is read
         finally:
             if pending:
-                client.cancel([f for _, f in pending.values()])
+                _quietly(client.cancel, [f for _, f in pending.values()])
         lost = TaskLost(
             f"no result from the Dask cluster at {self.address} for {self.stall_timeout_s:g} s "
             "(workers gone, stuck or unable to read the file?)"
@@ -237,20 +242,48 @@ class DaskExecutor(_Closing):
             on_done(i, lost)
 
     def close(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            client.close()
+        try:
+            if self._client is not None:
+                client, self._client = self._client, None
+                _quietly(client.close)
+        finally:
+            self._quiet.close()  # distributed's handlers back, once its client is gone
 
 
-def _outcome(future: Any) -> Any:
-    """A finished Dask future's result; TaskLost for a task the cluster gave up on."""
+def _quietly(call: Callable[..., Any], *args: Any) -> None:
+    """A call to a client whose scheduler may be gone: its failure changes nothing left to do."""
+    try:
+        call(*args)
+    except (OSError, TimeoutError, RuntimeError):
+        pass
+
+
+_CONNECTION_LOST = (OSError, TimeoutError, RuntimeError)
+"""What fetching a result raises when the scheduler went away (distributed's
+``CommClosedError`` is an OSError; a cancelled fetch a ``CancelledError``, checked apart)."""
+
+
+def _outcome(future: Any, address: str) -> Any:
+    """A finished Dask future's result; TaskLost for a task the cluster gave up on, or whose
+    result could not be fetched because the scheduler went away."""
+    from asyncio import CancelledError
+
     from distributed.scheduler import KilledWorker
 
-    if future.status == "finished":
-        return future.result()
-    if future.status != "error":
-        return TaskLost(f"the Dask cluster did not finish the task ({future.status})")
-    exc = future.exception()
+    gone = TaskLost(
+        f"the Dask scheduler at {address} went away before this file's result came back "
+        "(stopped or restarted?)"
+    )
+    try:
+        if future.status == "finished":
+            return future.result()
+        if future.status != "error":
+            if future.status in ("cancelled", "lost"):
+                return gone
+            return TaskLost(f"the Dask cluster did not finish the task ({future.status})")
+        exc = future.exception()
+    except (*_CONNECTION_LOST, CancelledError):
+        return gone
     if isinstance(exc, KilledWorker):
         return TaskLost(
             "Dask workers died while analysing this file, every time it was retried (killed "
