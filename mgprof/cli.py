@@ -58,7 +58,8 @@ examples:
                                      where a bigger batch stops paying
   mgprof report mgprof-runs/RUN      re-render a run (--format md|json|html)
   mgprof diff BASE NEW --fail-on 5%  did a change make training slower, and why
-  mgprof timeline mgprof-runs/RUN    every rank on one clock, for Perfetto
+  mgprof timeline mgprof-runs/RUN --steps 3:4 --out two.json.gz
+                                     two steps of every rank on one clock
   mgprof trace ./traces              analyse torch.profiler traces you have
   mgprof view mgprof-runs/RUN        open the traces in TensorBoard
   mgprof doctor                      check torch, CUDA, NCCL, NVML, GPUs
