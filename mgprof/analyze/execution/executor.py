@@ -260,13 +260,15 @@ def _quietly(call: Callable[..., Any], *args: Any) -> None:
 
 _CONNECTION_LOST = (OSError, TimeoutError, RuntimeError)
 """What fetching a result raises when the scheduler went away (distributed's
-``CommClosedError`` is an OSError; a cancelled fetch a ``CancelledError``, checked apart)."""
+``CommClosedError`` is an OSError); a task cancelled meanwhile raises a CancelledError, asyncio's
+or (distributed's ``FutureCancelledError``) concurrent.futures'."""
 
 
 def _outcome(future: Any, address: str) -> Any:
     """A finished Dask future's result; TaskLost for a task the cluster gave up on, or whose
     result could not be fetched because the scheduler went away."""
-    from asyncio import CancelledError
+    from asyncio import CancelledError as TaskCancelled
+    from concurrent.futures import CancelledError
 
     from distributed.scheduler import KilledWorker
 
@@ -282,8 +284,15 @@ def _outcome(future: Any, address: str) -> Any:
                 return gone
             return TaskLost(f"the Dask cluster did not finish the task ({future.status})")
         exc = future.exception()
-    except (*_CONNECTION_LOST, CancelledError):
+    except (*_CONNECTION_LOST, CancelledError, TaskCancelled):
         return gone
+    except Exception:
+        # a finished task's result is data already computed: failing to fetch it while the
+        # client has lost its scheduler (the future's state reset or cancelled meanwhile) is
+        # the scheduler's going, not a bug to show
+        if future.status != "finished" or getattr(future.client, "status", None) != "running":
+            return gone
+        raise
     if isinstance(exc, KilledWorker):
         return TaskLost(
             "Dask workers died while analysing this file, every time it was retried (killed "
