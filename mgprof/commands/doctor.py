@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bandwidth(args: argparse.Namespace) -> int:
+    from mgprof.errors import UsageError
     from mgprof.run.bandwidth_probe import run_probe
 
     sizes = parse_sizes(args.sizes)
@@ -102,14 +103,20 @@ def _bandwidth(args: argparse.Namespace) -> int:
     if out is not None:
         _check_out(out)
     result = run_probe(args.gpus, sizes, iters=args.iters)
+    # saved first (the folder was checked before measuring), shown next: a stdout that is
+    # gone (`| head`) does not lose the file, and a write that fails all the same is said
+    # after the figures, so they are not lost either
+    unsaved = _save(out, result) if out is not None else None
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         from mgprof.report.doctor_view import render_bandwidth
 
         render_bandwidth(result)
-    if out is not None:
-        _save(out, result)
+    if unsaved is not None:
+        raise UsageError(
+            f"cannot write --out {out}: {unsaved}; the figures above were measured but not saved"
+        )
     return 0
 
 
@@ -139,16 +146,12 @@ def _check_out(out: Path) -> None:
             ) from None
 
 
-def _save(out: Path, result: dict[str, Any]) -> None:
-    """The baseline, after the figures are shown: a write that fails now (a full disk) loses
-    the file, not what was measured."""
+def _save(out: Path, result: dict[str, Any]) -> str | None:
+    """Write the baseline; why it could not be written, or None."""
     from mgprof.atomic import write_text_atomic
-    from mgprof.errors import UsageError
 
     try:
         write_text_atomic(out, json.dumps(result, indent=1) + "\n")
     except OSError as exc:
-        raise UsageError(
-            f"cannot write --out {out}: {exc.strerror or exc}; the figures above were "
-            "measured but not saved"
-        ) from None
+        return str(exc.strerror or exc)
+    return None
