@@ -469,8 +469,10 @@ def test_run_dir_default_output_is_replaced_and_report_names_the_command(
     html = (run / "report.html").read_text()
     assert f"make it with <code>mgprof timeline {run}</code>" in html
     assert f'href="{DEFAULT_NAME}"' not in html
-    for _ in range(2):  # mgprof's own file in the run: made, then replaced without --force
-        assert main(["timeline", str(run), "--steps", "3:4", "--min-dur", "5"]) == 0
+    assert main(["timeline", str(run), "--steps", "3:4", "--min-dur", "5"]) == 0  # none there
+    assert f"wrote {run / DEFAULT_NAME}" in capsys.readouterr().out
+    for _ in range(2):  # the file is there now: replaced with --force only
+        assert main(["timeline", str(run), "--steps", "3:4", "--min-dur", "5", "--force"]) == 0
         assert f"wrote {run / DEFAULT_NAME}" in capsys.readouterr().out
     doc = load(run / DEFAULT_NAME)
     check_chrome(doc)
