@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -602,3 +603,16 @@ def test_run_json_with_rank_exits_round_trips() -> None:
     old = json.loads(encode_run(sample_run()))
     del old["rank_exits"]  # a run.json from before the field still reads
     assert decode_run(json.dumps(old).encode()).rank_exits == []
+
+
+@pytest.mark.parametrize("command", ["trace", "diff"])
+def test_workers_has_a_ceiling(command: str, tmp_path: Path) -> None:
+    traces = Path(__file__).parent / "data" / "traces" / "cpu-gloo-ddp-mlp-2ranks"
+    paths = [str(traces)] * (2 if command == "diff" else 1)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mgprof", command, *paths, "--workers", "99999999999999999999"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0
+    assert "--workers must be from 1 to 4,096" in proc.stderr

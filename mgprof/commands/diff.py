@@ -83,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
     fmt = args.format or ("json" if args.json else "term")
     if args.json and args.format not in (None, "json"):
         raise UsageError(f"--json and --format {args.format} disagree; give one of them")
-    if args.workers is not None and args.workers < 1:
-        raise UsageError("--workers must be 1 or more")
+    from mgprof.analyze.execution.executor import MAX_WORKERS  # loaded on use
+
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise UsageError(f"--workers must be from 1 to {MAX_WORKERS:,}")
     try:
         specs = [parse_fail_on(text) for text in args.fail_on]
     except ValueError as exc:

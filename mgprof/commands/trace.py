@@ -168,8 +168,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 0:
         raise UsageError("--top must be 0 or more")
-    if args.workers is not None and args.workers < 1:
-        raise UsageError("--workers must be 1 or more")
+    from mgprof.analyze.execution.executor import MAX_WORKERS  # loaded on use
+
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise UsageError(f"--workers must be from 1 to {MAX_WORKERS:,}")
     if args.workers is not None and args.dask:
         raise UsageError("--workers sets local processes and --dask a cluster; pass one of them")
     out = Path(args.out) if args.out else None

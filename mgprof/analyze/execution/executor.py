@@ -33,6 +33,9 @@ __all__ = [
 ]
 
 DASK_ENV = "MGPROF_DASK_SCHEDULER"
+MAX_WORKERS = 4096
+"""Local worker processes at most (``--workers``): more than any machine has cores, and a bound
+on what a typed number can ask the operating system for."""
 """Environment variable: the address of a Dask scheduler to send per-rank work to."""
 
 _DIED = (
