@@ -33,7 +33,7 @@ MUL = (
             "bn_fw_tr_1C11_singleread<…>",
         ),
         ("ampere_sgemm_128x64_nn", "ampere_sgemm_128x64_nn"),
-        ("triton_poi_fused_add_cos_sin_0", "triton_poi_fused_add_cos_sin_0"),
+        ("triton_poi_fused_add_cos_sin_0", "add_cos_sin (Triton pointwise #0)"),
         (
             "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
             "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
@@ -113,3 +113,33 @@ def test_a_table_tells_apart_kernels_that_share_a_short_form() -> None:
         "ampere_sgemm_128x64_nn",
         "vectorized_elementwise_kernel<…MulFunctor…>",
     ]
+
+
+def test_inductor_kernels_are_named_by_the_operators_they_fused() -> None:
+    """HTA's recorded A100 trace of a compiled function: the Triton kernel Inductor generated
+    reads as the operators it fused, in the table mgprof trace prints; JSON keeps the name."""
+    import io
+    import json as json_module
+
+    from rich.console import Console
+
+    from mgprof.analyze.trace.job import analyze_job
+    from mgprof.report.trace_terminal import job_to_json, render_job
+
+    trace = TRACES / "misc" / "a100-triton.json.gz"
+    job = analyze_job([trace])
+    buf = io.StringIO()
+    render_job(job, Console(file=buf, width=80))
+    assert "add_cos_sin (Triton pointwise #0)" in buf.getvalue()
+    kernels = json_module.dumps(job_to_json(job))
+    assert "triton_poi_fused_add_cos_sin_0" in kernels
+    # the kinds Inductor names, the index kept, a long operator list cut before the kind
+    assert short_kernel_name("triton_red_fused__softmax_1") == "_softmax (Triton reduction #1)"
+    assert short_kernel_name("triton_per_fused_native_layer_norm_12") == (
+        "native_layer_norm (Triton persistent #12)"
+    )
+    assert short_kernel_name("cpp_fused_add_relu_0") == "add_relu (C++ #0)"
+    assert short_kernel_name("triton_poi_fused_0") == "unnamed operators (Triton pointwise #0)"
+    long = short_kernel_name("triton_tem_fused_" + "mm_" * 40 + "3")
+    assert len(long) == 48 and long.endswith("… (Triton template #3)")
+    assert short_kernel_name("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"

@@ -10,6 +10,13 @@ types and numbers. The parameter list goes. C-style names (``ampere_sgemm_128x64
 unchanged, and so does anything that does not start as a C++ name does (a ``<script>`` or
 ``[link=…]`` planted in a trace is shown whole, escaped by the renderer, never rewritten). The
 full name stays in JSON and in report.html (on hover).
+
+A kernel ``torch.compile`` (Inductor) generated is named by the operators it fused, as its name
+says them: Inductor names a kernel ``triton_<kind>_fused_<ops>_<n>`` (``cpp_fused_<ops>_<n>`` on
+the CPU), ``<ops>`` being the ATen operators it fused, sorted and joined by ``_``; the short form
+puts them first, then the backend, the kind and the index that tells two kernels of the same
+operators apart (``add_cos_sin (Triton pointwise #0)``). ATen names hold ``_`` themselves
+(``native_layer_norm``), so the operators are shown as Inductor joined them, never split.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["short_kernel_name", "short_kernel_names"]
+__all__ = ["inductor_label", "short_kernel_name", "short_kernel_names"]
 
 ELLIPSIS = "…"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -121,10 +128,40 @@ def _fit(short: str, name: str, width: int) -> str:
     return short if len(short) < len(name) else name
 
 
+_INDUCTOR = re.compile(r"(triton|cpp)_(?:(poi|red|per|tem|for)_)?fused_?([A-Za-z0-9_]*?)_(\d+)")
+_INDUCTOR_KINDS = {
+    "poi": "pointwise",
+    "red": "reduction",
+    "per": "persistent",
+    "tem": "template",
+    "for": "foreach",
+}
+
+
+def inductor_label(name: str, width: int = 48) -> str | None:
+    """``add_cos_sin (Triton pointwise #0)`` for an Inductor kernel's name, else None; at most
+    ``width`` characters, the operators cut (``…``) before the backend, kind and index are."""
+    m = _INDUCTOR.fullmatch(name[:SCAN_CHARS].strip())
+    if m is None:
+        return None
+    backend, kind, ops, index = m.groups()
+    words = ["Triton" if backend == "triton" else "C++", _INDUCTOR_KINDS.get(kind or "", "")]
+    tail = f"({' '.join(w for w in words if w)} #{index})"
+    ops = ops or "unnamed operators"
+    room = max(2, width - len(tail) - 1)
+    if len(ops) > room:
+        ops = ops[: room - 1] + ELLIPSIS
+    return f"{ops} {tail}"
+
+
 def short_kernel_name(name: str, width: int = 48) -> str:
     """The table form of ``name`` (module docstring), at most ``width`` characters: past it the
     inner name, then the function's own, is cut at its end and marked ``…`` (a name's start is
-    what tells it apart: ``sm80_xmma_gemm_f32f32…``). Never longer than ``name`` itself."""
+    what tells it apart: ``sm80_xmma_gemm_f32f32…``). Never longer than ``name`` itself, but
+    for an Inductor kernel, named by the operators it fused."""
+    fused = inductor_label(name, width)
+    if fused is not None:
+        return fused
     text = _strip(name)
     if not _CPP_START.match(text):
         return name
