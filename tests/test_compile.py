@@ -144,3 +144,14 @@ def test_the_report_shows_the_compiled_share_each_rank_traced(
         assert cells[2] == f"{compiled.compiled_pct:.1f}"
         assert cells[3] == f"{compiled.regions_per_step:.1f}"
     assert "torch.compile ─" in stdout and "compiled %" in stdout
+    # report.html's Overview holds the same figures, as numbers
+    from mgprof.report.html.view_model import Context
+    from mgprof.report.html.view_overview import overview_view
+
+    spec = overview_view(Context.of(run, analysis)).tables["ov-compiled"]
+    by_rank = {row[0]: row for row in spec["rows"]}
+    for rank, summaries in analysis.traces.ranks.items():
+        compiled = summaries[0].compiled
+        assert compiled is not None and compiled.compiled_pct is not None
+        assert by_rank[int(rank)][2] == round(compiled.compiled_pct, 1)
+        assert by_rank[int(rank)][3] == round(compiled.regions_per_step, 1)

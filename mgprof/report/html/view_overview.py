@@ -16,7 +16,7 @@ from mgprof.analyze.trace.summary import RankTraceSummary, StepSummary
 from mgprof.report.html.charts import layout
 from mgprof.report.html.palette import color
 from mgprof.report.html.text import esc
-from mgprof.report.html.view_model import Context, View, figure_spec, rounded
+from mgprof.report.html.view_model import Col, Context, View, figure_spec, rounded
 from mgprof.report.html.view_steps import traced_steps
 
 __all__ = ["cards_html", "overview_view"]
@@ -279,4 +279,43 @@ def overview_view(ctx: Context) -> View:
     view.chart("ov-tensor-cores", tc)
     if not tc:
         view.note("Tensor-core share: not applicable (no compute kernels in the traces).")
+    _compiled_table(ctx, view)
     return view
+
+
+def _compiled_table(ctx: Context, view: View) -> None:
+    """torch.compile in the traced steps, per rank: the run report's torch.compile table (the
+    same figures, as numbers), with dynamo's counters above it; nothing without compiled code."""
+    from mgprof.report.run.compiled import COLUMNS, NOTE
+    from mgprof.report.run.setup import compile_text
+
+    counters = next((r.training.compile for r in ctx.run.ranks if r.training.compile), None)
+    found = [
+        (rank, s.compiled)
+        for rank in sorted(ctx.summaries)
+        for s in ctx.summaries[rank]
+        if s.compiled is not None
+    ]
+    if counters is None and not found:
+        return
+    view.html("<h3>torch.compile</h3>")
+    if counters is not None:
+        view.note(f"dynamo: {compile_text(counters)}")
+    if not found:
+        view.note("No compiled region in the traced steps.")
+        return
+    cols = [Col(COLUMNS[0], digits=0), Col(COLUMNS[1], digits=0), Col(COLUMNS[2], digits=1)]
+    cols += [Col(COLUMNS[3], digits=1)] + [Col(c, digits=0) for c in COLUMNS[4:]]
+    rows = [
+        [
+            rank,
+            c.steps,
+            rounded(c.compiled_pct, 1),
+            rounded(c.regions_per_step, 1),
+            c.nested,
+            len({f.split("/")[0] for f in c.frames}),
+            c.recompiled_frames,
+        ]
+        for rank, c in found
+    ]
+    view.table("ov-compiled", cols, rows, note=NOTE)
