@@ -139,6 +139,9 @@ dist.all_reduce(torch.ones(4))
     lines = script.read_text().splitlines()
     sleeping = next(i for i, ln in enumerate(lines, 1) if "time.sleep(3600)" in ln)
     assert f"hang.py:{sleeping} in <module>" in error, error
+    # the flight recorder: the collective rank 0 entered and rank 1 never reached
+    assert "collectives (flight recorder): rank(s) 0 entered all_reduce #" in error, error
+    assert "which rank(s) 1 never reached (rank 1 last entered " in error, error
 
 
 @pytest.mark.slow

@@ -188,6 +188,7 @@ def _sigterm(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
         return
     _dump_stacks()
+    _dump_flight_recorder()
     raise SystemExit(128 + signum)
 
 
@@ -219,6 +220,30 @@ def _dump_stacks() -> None:
         with open(path, "w", encoding="utf-8") as fh:
             faulthandler.dump_traceback(fh, all_threads=True)
     except Exception:  # fail open: the rank stops as asked, without its stack
+        pass
+
+
+def _dump_flight_recorder() -> None:
+    """The collectives torch's flight recorder kept on this rank into ``logs/rank<N>.fr.json``
+    (only when the script made a process group): the failure summary reads which collective
+    each rank entered last. Called when mgprof stops the rank and when its script fails."""
+    dist = sys.modules.get("torch.distributed")
+    path = _stack_path()
+    if dist is None or path is None:
+        return
+    try:
+        if not dist.is_available() or not dist.is_initialized():
+            return
+        from torch._C import _distributed_c10d as c10d
+
+        dump = getattr(c10d, "_dump_fr_trace_json", None)  # torch >= 2.6
+        if dump is None:
+            return
+        data = dump(True, True)  # JSON, as bytes
+        path.with_suffix(".fr.json").write_bytes(
+            data if isinstance(data, bytes) else str(data).encode("utf-8")
+        )
+    except Exception:  # fail open: an older torch, or no recorder
         pass
 
 
@@ -293,6 +318,7 @@ def _run_script(auto: AutoInstrument, script: Path) -> int:
     except BaseException as exc:
         if _in_forked_child():
             raise
+        _dump_flight_recorder()
         return _failed(auto, exc)
     auto.finish()
     _release_autowrap_group()

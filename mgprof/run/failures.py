@@ -192,3 +192,65 @@ def stack_sites(run_dir: Path) -> dict[int, str]:
         if site is not None:
             found[rank] = site
     return found
+
+
+FLIGHT_RECORD_BYTES = 32 * 1024 * 1024
+"""A flight-recorder dump read at most (2,000 entries are about 1.5 MB)."""
+
+
+def _last_collectives(path: Path) -> dict[str, tuple[int, str]]:
+    """process group -> (sequence number, name) of the last collective a rank's flight
+    recorder holds; empty for a file that is not a dump."""
+    import json
+
+    try:
+        with open(path, "rb") as fh:
+            doc = json.loads(fh.read(FLIGHT_RECORD_BYTES))
+    except (OSError, ValueError):
+        return {}
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    last: dict[str, tuple[int, str]] = {}
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or e.get("is_p2p"):
+            continue
+        seq, name, group = e.get("collective_seq_id"), e.get("profiling_name"), e.get("pg_id")
+        if not isinstance(seq, int) or not isinstance(name, str):
+            continue
+        key = str(group)
+        if key not in last or seq > last[key][0]:
+            last[key] = (seq, name.split(":", 1)[-1])
+    return last
+
+
+def collective_sites(run_dir: Path) -> str:
+    """``rank 0 entered all_reduce #4; rank 1 never arrived (its last: all_reduce #3)``: from
+    the ranks' flight-recorder dumps (``logs/rank<N>.fr.json``), per process group where the
+    ranks' last collectives differ, the furthest one and the ranks that did not reach it;
+    empty when fewer than two ranks left a dump or they all stopped at the same collective."""
+    ranks: dict[int, dict[str, tuple[int, str]]] = {}
+    for path in sorted((run_dir / "logs").glob("rank*.fr.json")):
+        try:
+            rank = int(path.name.removeprefix("rank").removesuffix(".fr.json"))
+        except ValueError:
+            continue
+        found = _last_collectives(path)
+        if found:
+            ranks[rank] = found
+    if len(ranks) < 2:
+        return ""
+    parts = []
+    for group in sorted({g for found in ranks.values() for g in found}):
+        seen = {r: found[group] for r, found in ranks.items() if group in found}
+        if len({seq for seq, _ in seen.values()}) < 2:
+            continue
+        top = max(seq for seq, _ in seen.values())
+        ahead = sorted(r for r, (seq, _) in seen.items() if seq == top)
+        name = seen[ahead[0]][1]
+        behind = sorted(r for r in seen if r not in ahead)
+        last = "; ".join(f"rank {r} last entered {seen[r][1]} #{seen[r][0]}" for r in behind)
+        where = "" if group in ("0", "None") else f" (process group {group})"
+        parts.append(
+            f"rank(s) {', '.join(map(str, ahead))} entered {name} #{top}{where}, which "
+            f"rank(s) {', '.join(map(str, behind))} never reached ({last})"
+        )
+    return "; ".join(parts)

@@ -30,6 +30,7 @@ from mgprof.report.failure_summary import (
 from mgprof.report.safe_text import printable
 from mgprof.run.failures import (
     collective_of,
+    collective_sites,
     describe_exit,
     describe_exits,
     last_meaningful,
@@ -317,9 +318,12 @@ def _where_stopped(run_dir: Path) -> str:
     """``; when stopped: rank 1 at hang.py:12 in <module>``: where each rank mgprof stopped
     was (its stack dump), so a rank that never arrived shows its own line; empty when none."""
     sites = stack_sites(run_dir)
+    said = collective_sites(run_dir)
+    text = f"; collectives (flight recorder): {said}" if said else ""
     if not sites:
-        return ""
-    return "; when stopped: " + "; ".join(f"rank {r} {where}" for r, where in sorted(sites.items()))
+        return text
+    stopped = "; ".join(f"rank {r} {where}" for r, where in sorted(sites.items()))
+    return f"{text}; when stopped: {stopped}"
 
 
 def _failure(

@@ -418,6 +418,8 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
         env[PRECISION_ENV] = config.precision
     if config.seed is not None:
         env[SEED_ENV] = str(config.seed)
+    if one_process_per_rank(p.strategy):
+        flight_recorder_env(env, run_dir)
     if one_process_per_rank(p.strategy) and config.nnodes == 1 and not config.rdzv_endpoint:
         # one node: nothing outside this machine needs to reach the rendezvous or gloo's pairs
         env[entry.LOOPBACK_ENV] = "1"
@@ -430,6 +432,24 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
     # OMP_NUM_THREADS is the user's, or torchrun's rule (1 per rank when nproc > 1 and unset)
     env.update(config.extra_env)
     return env
+
+
+FLIGHT_RECORDER_ENTRIES = "2000"
+"""Collectives each rank's flight recorder keeps (torch's ring buffer): a hang's last ones."""
+
+
+def flight_recorder_env(env: dict[str, str], run_dir: Path) -> None:
+    """Turn torch's flight recorder on for every rank, unless the user chose its size: each
+    process group records its collectives (name, sequence number, sizes) in a ring buffer, which
+    a rank mgprof stops, or whose script fails, writes to ``logs/rank<N>.fr.json`` (bootstrap),
+    so the failure summary can say which collective each rank entered last and who never
+    arrived. On NCCL the watchdog also dumps it on a timeout (torch's own pickle, for
+    ``python -m torch.distributed.flight_recorder.fr_trace``)."""
+    if "TORCH_FR_BUFFER_SIZE" in env or "TORCH_NCCL_TRACE_BUFFER_SIZE" in env:
+        return
+    env["TORCH_FR_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str((run_dir / "logs" / "nccl_fr_rank").resolve()))
 
 
 def single_rank_env() -> dict[str, str]:
