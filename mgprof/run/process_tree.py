@@ -188,13 +188,13 @@ class ProcessTree:
         return out
 
     def signal_all(self, sig: int) -> None:
-        _send(self.alive(), sig)
+        send_each(self.alive(), sig)
 
     def kill_all(self) -> None:
         """SIGKILL every process of the tree still alive, and wait briefly for them to go."""
         self.scan()
         procs = self.alive()
-        _send(procs, signal.SIGKILL)
+        send_each(procs, signal.SIGKILL)
         psutil.wait_procs(procs, timeout=5)
 
     def end_leftovers(self, grace_s: float = LEFTOVER_GRACE_S) -> int:
@@ -207,9 +207,9 @@ class ProcessTree:
         left = [p for p in self.alive() if p.pid != self.root]
         if not left:
             return 0
-        _send(left, signal.SIGTERM)
+        send_each(left, signal.SIGTERM)
         _, still = psutil.wait_procs(left, timeout=grace_s)
-        _send(still, signal.SIGKILL)
+        send_each(still, signal.SIGKILL)
         psutil.wait_procs(still, timeout=5)
         return len(left)
 
@@ -221,7 +221,7 @@ def _own_children() -> list[psutil.Process]:
         return []
 
 
-def _send(procs: list[psutil.Process], sig: int) -> None:
+def send_each(procs: list[psutil.Process], sig: int) -> None:
     """``sig`` to each process; one already gone (or a reused PID psutil refuses) is skipped."""
     for proc in procs:
         try:

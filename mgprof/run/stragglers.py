@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from mgprof import rundir
+from mgprof.run.process_tree import send_each
 
 POLL_EVERY_S = 1.0
 KILL_AFTER_TERM_S = 20.0
@@ -80,11 +81,11 @@ class StragglerWatch:
                 return
             self.stopped = late
             self._term_at = now
-            _send([alive[r] for r in late], signal.SIGTERM)
+            send_each([alive[r] for r in late], signal.SIGTERM)
             return
         if not self._killed and now - self._term_at >= self.kill_after_s:
             self._killed = True
-            _send([p for r, p in alive.items() if r in self.stopped], signal.SIGKILL)
+            send_each([p for r, p in alive.items() if r in self.stopped], signal.SIGKILL)
 
     def note(self) -> str | None:
         """The run's error for ranks that had to be stopped, or None."""
@@ -129,11 +130,3 @@ class StragglerWatch:
         except OSError:
             return set()
         return {int(m.group(1)) for n in names if (m := re.fullmatch(r"rank(\d+)", n))}
-
-
-def _send(procs: list[psutil.Process], sig: int) -> None:
-    for proc in procs:
-        try:
-            proc.send_signal(sig)
-        except psutil.Error:
-            pass
