@@ -619,3 +619,21 @@ def test_workers_has_a_ceiling(command: str, tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0
     assert "--workers must be from 1 to 4,096" in proc.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``mgprof trace T --json | head``, the reader gone before the write: exit 141 (as a shell
+    tool killed by SIGPIPE), no BrokenPipeError traceback, nothing on stderr."""
+    from mgprof.cli import main
+
+    traces = Path(__file__).parent / "data" / "traces" / "cpu-gloo-ddp-mlp-2ranks"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w", encoding="utf-8") as stream:
+        monkeypatch.setattr(sys, "stdout", stream)
+        code = main(["trace", str(traces), "--json"])
+        monkeypatch.undo()
+    assert code == 141
+    assert capsys.readouterr().err == ""
