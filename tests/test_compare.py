@@ -471,4 +471,4 @@ def test_report_renders_the_comparison_directory(
     assert main(["report", str(comp_dir), "--format", "md"]) == 0
     assert "| ddp | 2 |" in capsys.readouterr().out
     assert main(["report", str(comp_dir)]) == 0
-    assert "verdict:" in capsys.readouterr().out
+    assert "answer:" in capsys.readouterr().out  # the verdict opens the terminal form
