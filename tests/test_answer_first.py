@@ -32,7 +32,7 @@ def _terminal(comp: Comparison, width: int = 80) -> list[str]:
 
 def test_the_recorded_comparison_opens_with_its_answer_then_the_table() -> None:
     comp = read_comparison(COMPARE_DIR)
-    assert comp.answer and comp.caveats  # a CPU run on a shared machine has caveats
+    assert comp.answer and comp.caveats  # a CPU run on a busy machine has caveats
     lines = _terminal(comp)
     assert lines[1].startswith("answer: ")
     flat = " ".join(" ".join(lines).split())

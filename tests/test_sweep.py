@@ -132,7 +132,7 @@ def test_comm_share_falls_as_the_batch_grows(tmp_path: Path) -> None:
     fitted = sorted((t for t in result.trials if t.status == "ok"), key=lambda t: t.batch_size)
     assert len(fitted) >= 2
     first, last = fitted[0], fitted[-1]
-    # the exposed share: what the step waits on. The total is no test on 2 shared cores: the
+    # the exposed share: what the step waits on. The total is no test on 2 busy cores: the
     # all-reduce overlapping the backward is stretched by the compute beside it, so it grows with
     # the batch now and then (a CI run: least-waiting rank 24.3 % -> 35.0 %); the exposed share
     # fell in 9 of 9 runs here (12.0 -> 4.3 % at the closest)
