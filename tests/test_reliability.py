@@ -45,12 +45,14 @@ def step():
 """
 
 
-def analyze(tmp_path: Path, script: Path, *args: str) -> tuple[subprocess.Popen[str], float]:
+def analyze(
+    tmp_path: Path, script: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], float]:
     """Start ``mgprof analyze`` in its own process group (so a test can Ctrl-C all of it)."""
     proc = subprocess.Popen(
         python_args("-m", "mgprof", "analyze", script, "--quiet", "--out", "runs", *args),
         cwd=tmp_path,
-        env=clean_env(),
+        env={**clean_env(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -124,7 +126,10 @@ if rank == 1:
 dist.all_reduce(torch.ones(4))
 """,
     )
-    code, err, took = finish(*analyze(tmp_path, script, "--gpus", "2", "--collective-timeout", "5"))
+    recorder = {"TORCH_FR_BUFFER_SIZE": "2000"}  # torch's flight recorder, turned on by the user
+    code, err, took = finish(
+        *analyze(tmp_path, script, "--gpus", "2", "--collective-timeout", "5", env=recorder)
+    )
     assert took < BOUND_S, f"took {took:.0f} s"
     assert code == 1, err[-3000:]
     _, run = the_run(tmp_path)

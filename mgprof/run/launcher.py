@@ -434,20 +434,18 @@ def worker_env(config: LaunchConfig, p: Plan, run_dir: Path) -> dict[str, str]:
     return env
 
 
-FLIGHT_RECORDER_ENTRIES = "2000"
-"""Collectives each rank's flight recorder keeps (torch's ring buffer): a hang's last ones."""
-
-
 def flight_recorder_env(env: dict[str, str], run_dir: Path) -> None:
-    """Turn torch's flight recorder on for every rank, unless the user chose its size: each
-    process group records its collectives (name, sequence number, sizes) in a ring buffer, which
-    a rank mgprof stops, or whose script fails, writes to ``logs/rank<N>.fr.json`` (bootstrap),
-    so the failure summary can say which collective each rank entered last and who never
-    arrived. On NCCL the watchdog also dumps it on a timeout (torch's own pickle, for
-    ``python -m torch.distributed.flight_recorder.fr_trace``)."""
-    if "TORCH_FR_BUFFER_SIZE" in env or "TORCH_NCCL_TRACE_BUFFER_SIZE" in env:
+    """When the user turned torch's flight recorder on (``TORCH_FR_BUFFER_SIZE`` or
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE``), have it dumped where the run's logs are: each process
+    group records its collectives (name, sequence number, sizes) in a ring buffer, which a rank
+    mgprof stops, or whose script fails, writes to ``logs/rank<N>.fr.json`` (bootstrap), so the
+    failure summary can say which collective each rank entered last and who never arrived; on
+    NCCL the watchdog also dumps it on a timeout (torch's pickle, for ``python -m
+    torch.distributed.flight_recorder.fr_trace``). Not turned on by mgprof: it records a stack
+    with every collective, measured +11-17 % per small gloo all-reduce
+    (``benchmarks/bench_flight_recorder.py``), which would move the step times it reports."""
+    if "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
         return
-    env["TORCH_FR_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str((run_dir / "logs" / "nccl_fr_rank").resolve()))
 
