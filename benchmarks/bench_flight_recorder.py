@@ -11,6 +11,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 WORKER = """
@@ -49,9 +50,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=2)
     args = parser.parse_args()
-    script = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fr_worker_{os.getpid()}.py")
-    with open(script, "w", encoding="utf-8") as fh:
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
         fh.write(WORKER)
+        script = fh.name
     try:
         off, on = [], []
         for _ in range(args.pairs):
